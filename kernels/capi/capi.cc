@@ -1,0 +1,90 @@
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <string>
+
+#include "capi/xla_attn.h"
+#include "common/op.h"
+#include "dispatch/dispatch.h"
+
+#ifndef XLA_ATTN_VERSION
+#define XLA_ATTN_VERSION "0+unknown"
+#endif
+
+namespace {
+
+int report(const std::string& message, char* out, size_t out_len) {
+  if (out && out_len) {
+    std::strncpy(out, message.c_str(), out_len - 1);
+    out[out_len - 1] = '\0';
+  }
+  return message.empty() ? 0 : 1;
+}
+
+template <typename Params>
+int run_op(const Params* p, int platform, void* stream, char* error, size_t error_len) {
+  if (!p) return report("xla_attn: params must not be null", error, error_len);
+  // A C++ exception must never cross the C boundary (it would abort the caller).
+  try {
+    return report(xla_attn::run(*p, platform, static_cast<cudaStream_t>(stream)), error,
+                  error_len);
+  } catch (const std::exception& e) {
+    return report(std::string("xla_attn: internal error: ") + e.what(), error, error_len);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int xla_attn_abi_version(void) { return XLA_ATTN_ABI_VERSION; }
+const char* xla_attn_version(void) { return XLA_ATTN_VERSION; }
+
+const char* xla_attn_build_info(void) {
+  static const std::string info = [] {
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    std::string modules = xla_attn::dispatch::build_info_json();
+    return std::string("{\"abi\": ") + std::to_string(XLA_ATTN_ABI_VERSION) + ", \"version\": \"" +
+           XLA_ATTN_VERSION + "\", \"cuda_runtime\": " + std::to_string(runtime) + ", " +
+           modules.substr(1);
+  }();
+  return info.c_str();
+}
+
+int xla_attn_flash_fwd(const xla_attn_flash_fwd_params* p, int platform, void* stream, char* e,
+                       size_t n) {
+  return run_op(p, platform, stream, e, n);
+}
+int xla_attn_flash_bwd(const xla_attn_flash_bwd_params* p, int platform, void* stream, char* e,
+                       size_t n) {
+  return run_op(p, platform, stream, e, n);
+}
+int xla_attn_paged_attention(const xla_attn_paged_attention_params* p, int platform, void* stream,
+                             char* e, size_t n) {
+  return run_op(p, platform, stream, e, n);
+}
+int xla_attn_cache_write(const xla_attn_cache_write_params* p, int platform, void* stream, char* e,
+                         size_t n) {
+  return run_op(p, platform, stream, e, n);
+}
+
+int xla_attn_select_variant(const char* op, int dtype0, int dtype1, int head_dim,
+                            unsigned features, int arch, char* out, size_t out_len) {
+  if (!op) return report("xla_attn: op must not be null", out, out_len);
+  std::string error;
+  xla_attn::dispatch::Query q{op, dtype0, dtype1, head_dim, features, arch};
+  const xla_attn::dispatch::VariantEntry* v = xla_attn::dispatch::select(q, &error);
+  if (!v) return report(error, out, out_len);
+  report(v->kernel, out, out_len);
+  return 0;
+}
+
+int xla_attn_device_arch(char* error, size_t error_len) {
+  std::string message;
+  int arch = xla_attn::dispatch::current_arch(&message);
+  report(message, error, error_len);
+  return arch;
+}
+
+}  // extern "C"

@@ -1,0 +1,41 @@
+/* xla_attn C ABI, version 1: the params structs of kernels/<op>/params.h filled by
+ * the caller, run on the Host or on a CUDA stream. For torch eager, EXLA, tests.
+ * Every function returns 0 on success, else non-zero with a message in `error`. */
+#pragma once
+#include "cache/params.h"
+#include "flash/params.h"
+#include "paged/params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define XLA_ATTN_ABI_VERSION 1
+
+/* The library is built with hidden visibility; these are its whole interface. */
+#define XLA_ATTN_EXPORT __attribute__((visibility("default")))
+
+XLA_ATTN_EXPORT int xla_attn_abi_version(void);
+XLA_ATTN_EXPORT const char* xla_attn_version(void);
+/* JSON: {"abi": 1, "version": ..., "cuda_runtime": ..., "modules": [...], "variants": [...]} */
+XLA_ATTN_EXPORT const char* xla_attn_build_info(void);
+
+XLA_ATTN_EXPORT int xla_attn_flash_fwd(const xla_attn_flash_fwd_params* params, int platform, void* stream,
+                       char* error, size_t error_len);
+XLA_ATTN_EXPORT int xla_attn_flash_bwd(const xla_attn_flash_bwd_params* params, int platform, void* stream,
+                       char* error, size_t error_len);
+XLA_ATTN_EXPORT int xla_attn_paged_attention(const xla_attn_paged_attention_params* params, int platform,
+                             void* stream, char* error, size_t error_len);
+XLA_ATTN_EXPORT int xla_attn_cache_write(const xla_attn_cache_write_params* params, int platform, void* stream,
+                         char* error, size_t error_len);
+
+/* The variant the dispatcher would pick for `op` on compute capability `arch`
+ * (major*10+minor): its kernel name in `out`, or the "no kernel" message. */
+XLA_ATTN_EXPORT int xla_attn_select_variant(const char* op, int dtype0, int dtype1, int head_dim,
+                            unsigned features, int arch, char* out, size_t out_len);
+/* Compute capability of the current CUDA device, or -1 with a message. */
+XLA_ATTN_EXPORT int xla_attn_device_arch(char* error, size_t error_len);
+
+#ifdef __cplusplus
+}
+#endif

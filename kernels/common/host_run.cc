@@ -1,0 +1,13 @@
+// host::run overloads: the Host platform's implementation of each op is the exact
+// C++ reference in kernels/host.
+#include "common/op.h"
+#include "host/reference.h"
+
+namespace xla_attn::host {
+
+std::string run(const xla_attn_flash_fwd_params& p) { return flash_fwd(p); }
+std::string run(const xla_attn_flash_bwd_params& p) { return flash_bwd(p); }
+std::string run(const xla_attn_paged_attention_params& p) { return paged_attention(p); }
+std::string run(const xla_attn_cache_write_params& p) { return cache_write(p); }
+
+}  // namespace xla_attn::host

@@ -1,0 +1,48 @@
+// Small device helpers shared by every family: conversions to and from float and
+// fixed-size vectors for 16-byte memory traffic.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "common/types.h"
+
+namespace xla_attn {
+
+// NVRTC ships no <type_traits>; this is the one trait the families need.
+template <typename A, typename B> inline constexpr bool kSameType = false;
+template <typename A> inline constexpr bool kSameType<A, A> = true;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__nv_fp8_e4m3 x) { return float(x); }
+__device__ __forceinline__ float to_float(__nv_fp8_e5m2 x) { return float(x); }
+
+// Round-to-nearest-even from float. The fp8 constructors saturate to the finite
+// range (__NV_SATFINITE), which is vLLM's quantization and the host reference's.
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float x) {
+  return __nv_fp8_e4m3(x);
+}
+template <> __device__ __forceinline__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float x) {
+  return __nv_fp8_e5m2(x);
+}
+
+// N elements moved as one aligned access (N * sizeof(T) is 4, 8 or 16 bytes).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T>
+__device__ __forceinline__ bool aligned_to(const void* p, int bytes) {
+  return (reinterpret_cast<uint64_t>(p) % bytes) == 0;
+}
+
+}  // namespace xla_attn

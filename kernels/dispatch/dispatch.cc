@@ -1,0 +1,162 @@
+#include "dispatch/dispatch.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+namespace xla_attn::dispatch {
+namespace {
+#include "kernel_table.inc"
+
+bool matches(const VariantEntry& v, const Query& q, const char* family) {
+  return std::strcmp(v.op, q.op) == 0 && v.dtype0 == q.dtype0 && v.dtype1 == q.dtype1 &&
+         q.head_dim >= v.head_dim_min && q.head_dim <= v.head_dim_max &&
+         (q.features & ~v.features) == 0 && (!family || std::strcmp(v.family, family) == 0);
+}
+
+// Lowest real arch the module has a cubin for; the driver runs that cubin (same
+// major) or JITs the newest PTX on any later arch.
+int min_arch(const ModuleEntry& m) { return std::atoi(m.archs); }
+
+std::string describe_op(const char* op) {
+  std::ostringstream os;
+  bool any = false;
+  for (const VariantEntry* v = kVariants; v->op; ++v) {
+    if (std::strcmp(v->op, op) != 0) continue;
+    os << (any ? ", " : "") << v->family << "(" << dtype_name(v->dtype0) << "->"
+       << dtype_name(v->dtype1) << ", sm_" << kModules[v->module].archs << ")";
+    any = true;
+  }
+  if (!any) {
+    os << "none; CUDA kernels exist for:";
+    const char* last = "";
+    for (const VariantEntry* v = kVariants; v->op; ++v) {
+      if (std::strcmp(v->op, last) != 0) os << " " << v->op;
+      last = v->op;
+    }
+  }
+  return os.str();
+}
+}  // namespace
+
+const char* dtype_name(xla_attn_dtype dtype) {
+  switch (dtype) {
+    case XLA_ATTN_F32: return "f32";
+    case XLA_ATTN_F16: return "f16";
+    case XLA_ATTN_BF16: return "bf16";
+    case XLA_ATTN_F8E4M3: return "f8e4m3";
+    case XLA_ATTN_F8E5M2: return "f8e5m2";
+    case XLA_ATTN_I32: return "i32";
+    case XLA_ATTN_I64: return "i64";
+    case XLA_ATTN_U8: return "u8";
+  }
+  return "?";
+}
+
+const VariantEntry* select(const Query& q, std::string* error) {
+  const char* family = std::getenv("XLA_ATTN_FORCE_FAMILY");
+  if (family && !*family) family = nullptr;
+  const VariantEntry* best = nullptr;
+  for (const VariantEntry* v = kVariants; v->op; ++v) {
+    if (!matches(*v, q, family) || q.arch < min_arch(kModules[v->module])) continue;
+    if (!best || v->priority > best->priority) best = v;
+  }
+  if (!best) {
+    std::ostringstream os;
+    os << "xla_attn: no CUDA kernel for " << q.op << " with dtypes " << dtype_name(q.dtype0)
+       << "->" << dtype_name(q.dtype1) << ", head_dim " << q.head_dim << ", features 0x"
+       << std::hex << q.features << std::dec << " on sm_" << q.arch;
+    if (family) os << " in family '" << family << "' (XLA_ATTN_FORCE_FAMILY)";
+    os << "; this build has: " << describe_op(q.op);
+    *error = os.str();
+  }
+  return best;
+}
+
+int current_arch(std::string* error) {
+  int device = 0, major = 0, minor = 0;
+  cudaError_t st = cudaGetDevice(&device);
+  if (st == cudaSuccess) st = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (st == cudaSuccess) st = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (st != cudaSuccess) {
+    *error = std::string("xla_attn: cannot query the current CUDA device: ") + cudaGetErrorString(st);
+    return -1;
+  }
+  return major * 10 + minor;
+}
+
+cudaKernel_t kernel(const VariantEntry& variant, std::string* error) {
+  // One library per module and one handle per variant, loaded on first use and kept
+  // for the life of the process (cudaLibrary_t is context-independent: one load
+  // serves every device).
+  static std::mutex mu;
+  static cudaLibrary_t libraries[sizeof(kModules) / sizeof(kModules[0])] = {};
+  static cudaKernel_t kernels[sizeof(kVariants) / sizeof(kVariants[0])] = {};
+  const size_t index = &variant - kVariants;
+  std::lock_guard<std::mutex> lock(mu);
+  if (kernels[index]) return kernels[index];
+  cudaLibrary_t& lib = libraries[variant.module];
+  if (!lib) {
+    cudaError_t st = cudaLibraryLoadData(&lib, kModules[variant.module].begin, nullptr, nullptr, 0,
+                                         nullptr, nullptr, 0);
+    if (st != cudaSuccess) {
+      lib = nullptr;
+      *error = std::string("xla_attn: cannot load kernel module ") + kModules[variant.module].name +
+               " (cubins for sm_" + kModules[variant.module].archs + "): " + cudaGetErrorString(st);
+      return nullptr;
+    }
+  }
+  cudaError_t st = cudaLibraryGetKernel(&kernels[index], lib, variant.kernel);
+  if (st != cudaSuccess) {
+    *error = std::string("xla_attn: kernel ") + variant.kernel + " missing from its module: " +
+             cudaGetErrorString(st);
+    return nullptr;
+  }
+  return kernels[index];
+}
+
+std::string launch(const Query& query, dim3 grid, size_t shared_bytes, cudaStream_t stream,
+                   const void* params, dim3* block_out) {
+  std::string error;
+  Query q = query;
+  if (q.arch <= 0 && (q.arch = current_arch(&error)) < 0) return error;
+  const VariantEntry* v = select(q, &error);
+  if (!v) return error;
+  cudaKernel_t k = kernel(*v, &error);
+  if (!k) return error;
+  dim3 block(v->threads);
+  if (block_out) *block_out = block;
+  void* args[] = {const_cast<void*>(params)};
+  cudaError_t st = cudaLaunchKernel(reinterpret_cast<const void*>(k), grid, block, args,
+                                    shared_bytes, stream);
+  if (st != cudaSuccess) {
+    return std::string("xla_attn: launching ") + v->kernel + " failed: " + cudaGetErrorString(st);
+  }
+  return "";
+}
+
+const char* build_info_json() {
+  static const std::string json = [] {
+    std::ostringstream os;
+    os << "{\"modules\": [";
+    for (const ModuleEntry* m = kModules; m->name; ++m) {
+      os << (m == kModules ? "" : ", ") << "{\"name\": \"" << m->name << "\", \"archs\": \""
+         << m->archs << "\", \"bytes\": " << (m->end - m->begin) << "}";
+    }
+    os << "], \"variants\": [";
+    for (const VariantEntry* v = kVariants; v->op; ++v) {
+      os << (v == kVariants ? "" : ", ") << "{\"op\": \"" << v->op << "\", \"family\": \""
+         << v->family << "\", \"module\": \"" << kModules[v->module].name << "\", \"kernel\": \""
+         << v->kernel << "\", \"dtype0\": \"" << dtype_name(v->dtype0) << "\", \"dtype1\": \""
+         << dtype_name(v->dtype1) << "\", \"head_dim\": [" << v->head_dim_min << ", "
+         << v->head_dim_max << "], \"features\": " << v->features << ", \"priority\": "
+         << v->priority << "}";
+    }
+    os << "]}";
+    return os.str();
+  }();
+  return json.c_str();
+}
+
+}  // namespace xla_attn::dispatch

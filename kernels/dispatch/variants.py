@@ -1,0 +1,84 @@
+"""The one table of kernel variants.
+
+It feeds the build (tools/build_kernels.py compiles exactly these entry points),
+the dispatcher (a generated C++ table it searches at run time) and the error
+messages (`python -m xla_attn info` and every "no kernel" error print it).
+
+A variant is one `extern "C" __global__` entry point: an op, a family (one
+generation of device code), the dtypes it takes, the head dims and features it
+covers and the archs it is built for. Selection prefers the highest `priority`
+among the variants that match; `XLA_ATTN_FORCE_FAMILY` restricts it to one family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+# Real archs of a full build, and the virtual arch each is assembled from. One NVRTC
+# front-end run per virtual arch (~25 s for an FA2-class kernel on 2 cores) is
+# shared by every real arch that maps to it; ptxas per real arch costs ~0.3 s.
+ALL_ARCHS = ("70", "75", "80", "86", "89", "90")
+VIRTUAL_ARCH = {"70": "70", "75": "75", "80": "80", "86": "80", "87": "80",
+                "89": "89", "90": "90", "90a": "90a"}
+
+# Feature bits a variant may support (the params say which a call needs).
+FEATURES = {"paged": 1, "alibi": 2, "softcap": 4, "window": 8, "fp8": 16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+    """One device translation unit: a family's header and the entry points of it."""
+
+    name: str           # also the stem of the generated .cu and the embedded symbol
+    header: str         # device header, relative to kernels/
+    min_arch: int       # lowest compute capability (major*10+minor) it runs on
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    op: str             # params struct / FFI target stem: cache_write, flash_fwd, ...
+    family: str
+    module: str
+    kernel: str         # entry-point symbol
+    template: str       # the device function the entry point instantiates
+    params: str         # params struct type
+    dtype0: str         # first dtype key (src / q dtype)
+    dtype1: str         # second dtype key (cache / kv dtype)
+    head_dim_min: int = 0
+    head_dim_max: int = 1 << 30
+    features: int = 0   # bit set of FEATURES supported
+    priority: int = 0   # higher wins among matches
+    threads: int = 128  # block size the entry point is launched with (__launch_bounds__)
+
+
+# dtype names -> (enum name in kernels/common/types.h, device C++ type)
+DTYPES = {
+    "f32": ("XLA_ATTN_F32", "float"),
+    "f16": ("XLA_ATTN_F16", "__half"),
+    "bf16": ("XLA_ATTN_BF16", "__nv_bfloat16"),
+    "f8e4m3": ("XLA_ATTN_F8E4M3", "__nv_fp8_e4m3"),
+    "f8e5m2": ("XLA_ATTN_F8E5M2", "__nv_fp8_e5m2"),
+}
+
+MODULES = (
+    Module("cache_write_portable", "cache/write_portable.cuh", min_arch=70),
+)
+
+
+def _cache_write_variants():
+    # Same-dtype copies plus quantizing writes into both fp8 formats: 3 + 3 * 2 = 9.
+    for src, cache in itertools.chain(
+        ((d, d) for d in ("f32", "f16", "bf16")),
+        itertools.product(("f32", "f16", "bf16"), ("f8e4m3", "f8e5m2")),
+    ):
+        yield Variant(
+            op="cache_write", family="portable", module="cache_write_portable",
+            kernel=f"xla_attn_cache_write_portable_{src}_{cache}",
+            template=f"xla_attn::cache_write_portable<{DTYPES[src][1]}, {DTYPES[cache][1]}>",
+            params="xla_attn_cache_write_params", dtype0=src, dtype1=cache,
+            threads=128,
+        )
+
+
+VARIANTS = tuple(_cache_write_variants())

@@ -1,0 +1,72 @@
+// Shared pieces of the XLA FFI handlers: dtype mapping, optional operands, errors,
+// and the one macro that defines a handler for both platforms from one signature.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "common/checks.h"
+#include "common/op.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace xla_attn::ffi_glue {
+
+namespace ffi = xla::ffi;
+using xla_attn::Checker;
+
+inline xla_attn_dtype to_dtype(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32: return XLA_ATTN_F32;
+    case ffi::DataType::F16: return XLA_ATTN_F16;
+    case ffi::DataType::BF16: return XLA_ATTN_BF16;
+    case ffi::DataType::F8E4M3FN: return XLA_ATTN_F8E4M3;
+    case ffi::DataType::F8E5M2: return XLA_ATTN_F8E5M2;
+    case ffi::DataType::S32: return XLA_ATTN_I32;
+    case ffi::DataType::S64: return XLA_ATTN_I64;
+    case ffi::DataType::U8: return XLA_ATTN_U8;
+    default: return -1;
+  }
+}
+
+// An absent optional operand arrives as a zero-element buffer.
+inline const void* optional(const ffi::AnyBuffer& b) {
+  return b.element_count() == 0 ? nullptr : b.untyped_data();
+}
+inline int64_t dim(const ffi::AnyBuffer& b, size_t i) { return b.dimensions()[i]; }
+inline size_t rank(const ffi::AnyBuffer& b) { return b.dimensions().size(); }
+
+inline ffi::Error to_error(const std::string& message) {
+  if (message.empty()) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, message);
+}
+
+// "auto" keeps the cache's own dtype; the fp8 names reinterpret (u8) caches.
+inline xla_attn_dtype cache_format(std::string_view name, xla_attn_dtype stored) {
+  if (name == "fp8" || name == "fp8_e4m3") return XLA_ATTN_F8E4M3;
+  if (name == "fp8_e5m2") return XLA_ATTN_F8E5M2;
+  if (name == "auto") return stored;
+  return -1;
+}
+
+// Host handlers have no stream; both platforms share one body taking (stream,
+// platform, ...). Written out rather than through XLA_FFI_DEFINE_HANDLER_SYMBOL,
+// which needs a plain function per platform.
+#define XLA_ATTN_DEFINE_HANDLERS(HostName, CudaName, Body, Signature)                   \
+  extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* HostName(XLA_FFI_CallFrame* call_frame) {                   \
+    static auto* handler =                                                              \
+        Signature(::xla::ffi::Ffi::Bind())                                              \
+            .To([](auto... args) { return Body(nullptr, XLA_ATTN_HOST, args...); })     \
+            .release();                                                                 \
+    return handler->Call(call_frame);                                                   \
+  }                                                                                     \
+  extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* CudaName(XLA_FFI_CallFrame* call_frame) {                   \
+    static auto* handler =                                                              \
+        Signature(::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()) \
+            .To([](cudaStream_t stream, auto... args) {                                 \
+              return Body(stream, XLA_ATTN_CUDA, args...);                              \
+            })                                                                          \
+            .release();                                                                 \
+    return handler->Call(call_frame);                                                   \
+  }
+
+}  // namespace xla_attn::ffi_glue

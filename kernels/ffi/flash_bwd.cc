@@ -1,0 +1,110 @@
+// xla_attn_flash_bwd_v1 (docs/xla-targets.md).
+#include "ffi/common.h"
+
+namespace xla_attn::ffi_glue {
+namespace {
+
+ffi::Error FlashBwd(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi::AnyBuffer q,
+                    ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                    ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
+                    ffi::AnyBuffer seqused_k, ffi::AnyBuffer alibi, ffi::Result<ffi::AnyBuffer> dq,
+                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                    float softmax_scale, float softcap, int64_t window_left, int64_t window_right,
+                    int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  Checker c("xla_attn_flash_bwd_v1");
+  c.expect(rank(q) == 3 && rank(k) == 3 && k.dimensions() == v.dimensions(),
+           "q must be [total_q, num_heads, head_dim], k and v [total_k, num_heads_k, head_dim]")
+      .expect(dout.dimensions() == q.dimensions() && out.dimensions() == q.dimensions(),
+              "dout and out must have q's shape")
+      .expect(dq->dimensions() == q.dimensions() && dk->dimensions() == k.dimensions() &&
+                  dv->dimensions() == v.dimensions(),
+              "dq, dk, dv must have the shapes of q, k, v")
+      .expect(rank(cu_seqlens_q) == 1 && cu_seqlens_q.element_count() >= 1 &&
+                  cu_seqlens_k.element_count() == cu_seqlens_q.element_count() &&
+                  to_dtype(cu_seqlens_q.element_type()) == XLA_ATTN_I32 &&
+                  to_dtype(cu_seqlens_k.element_type()) == XLA_ATTN_I32,
+              "cu_seqlens_q and cu_seqlens_k must be int32 [batch + 1]");
+  if (!c.ok()) return to_error(c.error());
+  const int64_t batch = cu_seqlens_q.element_count() - 1;
+  const xla_attn_dtype dtype = to_dtype(q.element_type());
+  c.expect(dim(k, 2) == dim(q, 2), "k's head_dim must equal q's")
+      .expect(rank(lse) == 2 && dim(lse, 0) == dim(q, 1) && dim(lse, 1) == dim(q, 0) &&
+                  to_dtype(lse.element_type()) == XLA_ATTN_F32,
+              "softmax_lse must be float32 [num_heads, total_q]")
+      .expect(seqused_k.element_count() == 0 ||
+                  (seqused_k.element_count() == size_t(batch) &&
+                   to_dtype(seqused_k.element_type()) == XLA_ATTN_I32),
+              "seqused_k must be int32 [batch]")
+      .expect(alibi.element_count() == 0 ||
+                  (to_dtype(alibi.element_type()) == XLA_ATTN_F32 &&
+                   (alibi.element_count() == size_t(dim(q, 1)) ||
+                    alibi.element_count() == size_t(batch * dim(q, 1)))),
+              "alibi_slopes must be float32 [num_heads] or [batch, num_heads]");
+  for (const ffi::AnyBuffer* b : {&dout, &k, &v, &out}) {
+    c.expect(to_dtype(b->element_type()) == dtype, "dout, q, k, v, out must share one dtype");
+  }
+  c.expect(to_dtype(dq->element_type()) == dtype && to_dtype(dk->element_type()) == dtype &&
+               to_dtype(dv->element_type()) == dtype,
+           "dq, dk, dv must have q's dtype");
+  if (!c.ok()) return to_error(c.error());
+
+  xla_attn_flash_bwd_params p{};
+  p.dout = dout.untyped_data();
+  p.q = q.untyped_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+  p.out = out.untyped_data();
+  p.softmax_lse = static_cast<const float*>(lse.untyped_data());
+  p.dq = dq->untyped_data();
+  p.dk = dk->untyped_data();
+  p.dv = dv->untyped_data();
+  p.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q.untyped_data());
+  p.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k.untyped_data());
+  p.seqused_k = static_cast<const int32_t*>(optional(seqused_k));
+  p.alibi_slopes = static_cast<const float*>(optional(alibi));
+  p.total_q = dim(q, 0);
+  p.total_k = dim(k, 0);
+  p.batch = static_cast<int32_t>(batch);
+  p.num_heads = static_cast<int32_t>(dim(q, 1));
+  p.num_heads_k = static_cast<int32_t>(dim(k, 1));
+  p.head_dim = static_cast<int32_t>(dim(q, 2));
+  p.max_seqlen_q = static_cast<int32_t>(max_seqlen_q);
+  p.max_seqlen_k = static_cast<int32_t>(max_seqlen_k);
+  p.alibi_batch_stride =
+      alibi.element_count() == size_t(batch * dim(q, 1)) && batch > 1 ? p.num_heads : 0;
+  p.window_left = static_cast<int32_t>(window_left);
+  p.window_right = static_cast<int32_t>(window_right);
+  p.softmax_scale = softmax_scale;
+  p.softcap = softcap;
+  p.dtype = dtype;
+  return to_error(run(p, platform, stream));
+}
+
+template <typename B>
+auto Signature(B binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // dout
+      .template Arg<ffi::AnyBuffer>()            // q
+      .template Arg<ffi::AnyBuffer>()            // k
+      .template Arg<ffi::AnyBuffer>()            // v
+      .template Arg<ffi::AnyBuffer>()            // out
+      .template Arg<ffi::AnyBuffer>()            // softmax_lse
+      .template Arg<ffi::AnyBuffer>()            // cu_seqlens_q
+      .template Arg<ffi::AnyBuffer>()            // cu_seqlens_k
+      .template Arg<ffi::AnyBuffer>()            // seqused_k
+      .template Arg<ffi::AnyBuffer>()            // alibi_slopes
+      .template Ret<ffi::AnyBuffer>()            // dq
+      .template Ret<ffi::AnyBuffer>()            // dk
+      .template Ret<ffi::AnyBuffer>()            // dv
+      .template Attr<float>("softmax_scale")
+      .template Attr<float>("softcap")
+      .template Attr<int64_t>("window_left")
+      .template Attr<int64_t>("window_right")
+      .template Attr<int64_t>("max_seqlen_q")
+      .template Attr<int64_t>("max_seqlen_k");
+}
+
+}  // namespace
+}  // namespace xla_attn::ffi_glue
+
+using namespace xla_attn::ffi_glue;  // NOLINT: the macro names unqualified symbols
+XLA_ATTN_DEFINE_HANDLERS(XlaAttnFlashBwdV1Host, XlaAttnFlashBwdV1Cuda, FlashBwd, Signature);

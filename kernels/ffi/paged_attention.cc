@@ -1,0 +1,96 @@
+// xla_attn_paged_attention_v1 (docs/xla-targets.md).
+#include "ffi/common.h"
+
+namespace xla_attn::ffi_glue {
+namespace {
+
+ffi::Error PagedAttention(cudaStream_t stream, int platform, ffi::AnyBuffer query,
+                          ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
+                          ffi::AnyBuffer seq_lens, ffi::AnyBuffer block_tables,
+                          ffi::AnyBuffer query_start_loc, ffi::AnyBuffer num_seqs,
+                          ffi::AnyBuffer k_scale, ffi::AnyBuffer v_scale,
+                          ffi::Result<ffi::AnyBuffer> out, float scale, float soft_cap,
+                          int64_t sliding_window, std::string_view kv_cache_dtype) {
+  Checker c("xla_attn_paged_attention_v1");
+  c.expect(rank(query) == 3, "query must be [total_q, num_heads, head_dim]")
+      .expect(rank(key_cache) == 4 && key_cache.dimensions() == value_cache.dimensions() &&
+                  key_cache.element_type() == value_cache.element_type(),
+              "key_cache and value_cache must be [num_blocks, block_size, num_heads_k, head_dim] "
+              "of one dtype")
+      .expect(rank(seq_lens) == 1 && rank(block_tables) == 2 && rank(query_start_loc) == 1,
+              "seq_lens must be [num_seqs], block_tables [num_seqs, max_blocks], "
+              "query_start_loc [num_seqs + 1]");
+  if (!c.ok()) return to_error(c.error());
+  const int64_t max_num_seqs = dim(seq_lens, 0);
+  c.expect(dim(block_tables, 0) == max_num_seqs && dim(query_start_loc, 0) == max_num_seqs + 1,
+           "block_tables and query_start_loc must match seq_lens' length")
+      .expect(dim(key_cache, 3) == dim(query, 2), "cache head_dim must equal query's")
+      .expect(out->dimensions() == query.dimensions() &&
+                  out->element_type() == query.element_type(),
+              "out must have query's shape and dtype")
+      .expect(num_seqs.element_count() <= 1, "num_seqs must be a scalar");
+  for (const ffi::AnyBuffer* b : {&seq_lens, &block_tables, &query_start_loc, &num_seqs}) {
+    c.expect(to_dtype(b->element_type()) == XLA_ATTN_I32, "index operands must be int32");
+  }
+  for (const ffi::AnyBuffer* b : {&k_scale, &v_scale}) {
+    c.expect(b->element_count() <= 1 && to_dtype(b->element_type()) == XLA_ATTN_F32,
+             "k_scale and v_scale must be float32 scalars");
+  }
+  const xla_attn_dtype stored = to_dtype(key_cache.element_type());
+  const xla_attn_dtype format = cache_format(kv_cache_dtype, stored);
+  c.expect(format >= 0, "kv_cache_dtype must be auto, fp8, fp8_e4m3 or fp8_e5m2")
+      .expect(stored != XLA_ATTN_U8 || format != stored,
+              "a uint8 cache needs kv_cache_dtype fp8_e4m3 or fp8_e5m2");
+  if (!c.ok()) return to_error(c.error());
+
+  xla_attn_paged_attention_params p{};
+  p.query = query.untyped_data();
+  p.key_cache = key_cache.untyped_data();
+  p.value_cache = value_cache.untyped_data();
+  p.out = out->untyped_data();
+  p.seq_lens = static_cast<const int32_t*>(seq_lens.untyped_data());
+  p.block_tables = static_cast<const int32_t*>(block_tables.untyped_data());
+  p.query_start_loc = static_cast<const int32_t*>(query_start_loc.untyped_data());
+  p.num_seqs = static_cast<const int32_t*>(optional(num_seqs));
+  p.k_scale = static_cast<const float*>(optional(k_scale));
+  p.v_scale = static_cast<const float*>(optional(v_scale));
+  p.total_q = dim(query, 0);
+  p.max_num_seqs = static_cast<int32_t>(max_num_seqs);
+  p.num_heads = static_cast<int32_t>(dim(query, 1));
+  p.num_heads_k = static_cast<int32_t>(dim(key_cache, 2));
+  p.head_dim = static_cast<int32_t>(dim(query, 2));
+  p.num_blocks = static_cast<int32_t>(dim(key_cache, 0));
+  p.block_size = static_cast<int32_t>(dim(key_cache, 1));
+  p.max_blocks_per_seq = static_cast<int32_t>(dim(block_tables, 1));
+  p.sliding_window = static_cast<int32_t>(sliding_window);
+  p.scale = scale;
+  p.soft_cap = soft_cap;
+  p.q_dtype = to_dtype(query.element_type());
+  p.cache_dtype = format;
+  return to_error(run(p, platform, stream));
+}
+
+template <typename B>
+auto Signature(B binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // query
+      .template Arg<ffi::AnyBuffer>()            // key_cache
+      .template Arg<ffi::AnyBuffer>()            // value_cache
+      .template Arg<ffi::AnyBuffer>()            // seq_lens
+      .template Arg<ffi::AnyBuffer>()            // block_tables
+      .template Arg<ffi::AnyBuffer>()            // query_start_loc
+      .template Arg<ffi::AnyBuffer>()            // num_seqs
+      .template Arg<ffi::AnyBuffer>()            // k_scale
+      .template Arg<ffi::AnyBuffer>()            // v_scale
+      .template Ret<ffi::AnyBuffer>()            // out
+      .template Attr<float>("scale")
+      .template Attr<float>("soft_cap")
+      .template Attr<int64_t>("sliding_window")
+      .template Attr<std::string_view>("kv_cache_dtype");
+}
+
+}  // namespace
+}  // namespace xla_attn::ffi_glue
+
+using namespace xla_attn::ffi_glue;  // NOLINT: the macro names unqualified symbols
+XLA_ATTN_DEFINE_HANDLERS(XlaAttnPagedAttentionV1Host, XlaAttnPagedAttentionV1Cuda, PagedAttention,
+                         Signature);

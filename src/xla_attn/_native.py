@@ -1,0 +1,76 @@
+"""Loads libxla_attn.so (no Python in it) and wraps the few C ABI calls Python needs."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import pathlib
+
+ABI_VERSION = 1
+LIBRARY = pathlib.Path(__file__).parent / "lib" / "libxla_attn.so"
+
+# FFI handler symbols, per target: (host symbol, CUDA symbol).
+HANDLERS = {
+    "xla_attn_flash_fwd_v1": ("XlaAttnFlashFwdV1Host", "XlaAttnFlashFwdV1Cuda"),
+    "xla_attn_flash_bwd_v1": ("XlaAttnFlashBwdV1Host", "XlaAttnFlashBwdV1Cuda"),
+    "xla_attn_paged_attention_v1": ("XlaAttnPagedAttentionV1Host", "XlaAttnPagedAttentionV1Cuda"),
+    "xla_attn_reshape_and_cache_flash_v1": (
+        "XlaAttnReshapeAndCacheFlashV1Host", "XlaAttnReshapeAndCacheFlashV1Cuda"),
+}
+
+# kernels/common/types.h
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float8_e4m3fn": 3, "float8_e5m2": 4,
+               "int32": 5, "int64": 6, "uint8": 7}
+
+
+@functools.cache
+def lib() -> ctypes.CDLL:
+    path = pathlib.Path(os.environ.get("XLA_ATTN_LIBRARY", LIBRARY))
+    if not path.exists():
+        raise ImportError(f"xla_attn: native library not found at {path}; reinstall the package "
+                          "(pip install xla-attn-cu12) or build it (pip install .)")
+    handle = ctypes.CDLL(str(path))
+    handle.xla_attn_abi_version.restype = ctypes.c_int
+    handle.xla_attn_version.restype = ctypes.c_char_p
+    handle.xla_attn_build_info.restype = ctypes.c_char_p
+    handle.xla_attn_select_variant.argtypes = [
+        ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint, ctypes.c_int,
+        ctypes.c_char_p, ctypes.c_size_t]
+    handle.xla_attn_device_arch.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    abi = handle.xla_attn_abi_version()
+    if abi != ABI_VERSION:
+        raise ImportError(f"xla_attn: native library {path} has C ABI {abi}, this package needs "
+                          f"{ABI_VERSION}; reinstall so both come from one build")
+    return handle
+
+
+def build_info() -> dict:
+    return json.loads(lib().xla_attn_build_info().decode())
+
+
+def select_variant(op: str, dtype0: str, dtype1: str, head_dim: int, arch: int,
+                   features: int = 0) -> str:
+    """Kernel the dispatcher would pick on compute capability `arch` (e.g. 90);
+    raises RuntimeError with the dispatcher's message when there is none."""
+    out = ctypes.create_string_buffer(2048)
+    status = lib().xla_attn_select_variant(op.encode(), DTYPE_CODES[dtype0], DTYPE_CODES[dtype1],
+                                           head_dim, features, arch, out, len(out))
+    if status:
+        raise RuntimeError(out.value.decode())
+    return out.value.decode()
+
+
+def device_arch() -> tuple[int, str]:
+    """(compute capability of the current CUDA device, "") or (-1, why not)."""
+    err = ctypes.create_string_buffer(512)
+    arch = lib().xla_attn_device_arch(err, len(err))
+    return arch, err.value.decode()
+
+
+def capsule(symbol: str):
+    """A PyCapsule of an FFI handler, as jax.ffi.register_ffi_target takes it."""
+    import jax
+
+    return jax.ffi.pycapsule(getattr(lib(), symbol))

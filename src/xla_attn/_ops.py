@@ -1,0 +1,273 @@
+"""Framework-neutral checks and normalisation for every op.
+
+Each `*_spec` function looks only at shapes, dtypes and Python arguments (anything
+with `.shape` and `.dtype`: jax arrays and tracers, torch tensors, numpy arrays),
+raises a ValueError/TypeError that names the argument and what was expected, and
+returns the static attributes of the XLA custom call (docs/xla-targets.md).
+Device-side index data (cu_seqlens, block tables, slots) cannot be checked here;
+the kernels treat it as untrusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+MAX_HEAD_DIM = 256
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
+                   "fp8_e5m2": "fp8_e5m2"}
+FP8_FORMAT_DTYPE = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
+def dtype_name(x) -> str:
+    """'bfloat16', 'float8_e4m3fn', ... for jax, numpy and torch dtypes alike."""
+    return str(x.dtype).removeprefix("torch.")
+
+
+def shape(x) -> tuple[int, ...]:
+    return tuple(int(d) for d in x.shape)
+
+
+class _Check:
+    def __init__(self, op: str):
+        self.op = op
+
+    def value(self, ok: bool, message: str) -> None:
+        if not ok:
+            raise ValueError(f"{self.op}: {message}")
+
+    def type(self, ok: bool, message: str) -> None:
+        if not ok:
+            raise TypeError(f"{self.op}: {message}")
+
+    def rank(self, name: str, x, rank: int, layout: str) -> tuple[int, ...]:
+        s = shape(x)
+        self.value(len(s) == rank, f"{name} must have shape {layout}, got shape {s}")
+        return s
+
+    def dtype(self, name: str, x, allowed: tuple[str, ...]) -> str:
+        d = dtype_name(x)
+        self.type(d in allowed, f"{name} must be {_one_of(allowed)}, got {d}")
+        return d
+
+    def scalar(self, name: str, x, dtype: str = "float32") -> None:
+        if x is None:
+            return
+        self.type(hasattr(x, "shape"), f"{name} must be a {dtype} array of shape () or (1,), "
+                                       f"got {type(x).__name__}")
+        self.value(shape(x) in ((), (1,)), f"{name} must have shape () or (1,), got {shape(x)}")
+        self.dtype(name, x, (dtype,))
+
+    def static_int(self, name: str, value, minimum: int) -> int:
+        self.type(isinstance(value, int) and not isinstance(value, bool),
+                  f"{name} must be a Python int, got {type(value).__name__}")
+        self.value(value >= minimum, f"{name} must be >= {minimum}, got {value}")
+        return value
+
+
+def _one_of(names: tuple[str, ...]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _float(c: _Check, name: str, value, minimum: float | None = None) -> float:
+    c.type(isinstance(value, (int, float)) and not isinstance(value, bool),
+           f"{name} must be a Python float, got {type(value).__name__}")
+    value = float(value)
+    c.value(math.isfinite(value), f"{name} must be finite, got {value}")
+    if minimum is not None:
+        c.value(value >= minimum, f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _window(c: _Check, window_size, causal: bool) -> tuple[int, int]:
+    ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+          and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
+    c.value(ok, f"window_size must be a pair of ints >= -1 (-1 = unbounded), got {window_size!r}")
+    left, right = window_size
+    c.type(isinstance(causal, bool), f"causal must be a bool, got {type(causal).__name__}")
+    if causal:
+        right = 0  # causal is a window with no look-ahead (flash-attn's convention)
+    return int(left), int(right)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashSpec:
+    """Static attributes of xla_attn_flash_fwd_v1 / _bwd_v1 (hashable: custom_vjp
+    takes it as a non-differentiable argument)."""
+
+    softmax_scale: float
+    softcap: float
+    window_left: int
+    window_right: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    out_dtype: str
+    paged: bool
+
+    def attributes(self) -> dict:
+        return {"softmax_scale": self.softmax_scale, "softcap": self.softcap,
+                "window_left": self.window_left, "window_right": self.window_right,
+                "max_seqlen_q": self.max_seqlen_q, "max_seqlen_k": self.max_seqlen_k}
+
+
+def flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, seqused_k,
+                      block_table, q_descale, k_descale, v_descale,
+                      op: str = "flash_attn_varlen") -> FlashSpec:
+    c = _Check(op)
+    total_q, num_heads, head_dim = c.rank("q", q, 3, "(total_q, num_heads, head_dim)")
+    paged = block_table is not None
+    if paged:
+        ks = c.rank("k", k, 4, "(num_blocks, block_size, num_heads_k, head_dim) with block_table")
+        total_k = ks[0] * ks[1]
+    else:
+        ks = c.rank("k", k, 3, "(total_k, num_heads_k, head_dim)")
+        total_k = ks[0]
+    c.value(shape(v) == ks, f"v must have k's shape {ks}, got {shape(v)}")
+    q_dtype = c.dtype("q", q, FLOAT_DTYPES + ("float8_e4m3fn",))
+    fp8 = q_dtype == "float8_e4m3fn"
+    c.type(dtype_name(k) == q_dtype and dtype_name(v) == q_dtype,
+           f"k and v must have q's dtype {q_dtype}, got {dtype_name(k)} and {dtype_name(v)}")
+    num_heads_k = ks[-2]
+    c.value(ks[-1] == head_dim, f"k's head_dim ({ks[-1]}) must equal q's ({head_dim})")
+    c.value(1 <= head_dim <= MAX_HEAD_DIM,
+            f"head_dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
+    c.value(num_heads_k >= 1 and num_heads % num_heads_k == 0,
+            f"num_heads ({num_heads}) must be a multiple of num_heads_k ({num_heads_k})")
+
+    c.rank("cu_seqlens_q", cu_seqlens_q, 1, "(batch + 1,)")
+    c.dtype("cu_seqlens_q", cu_seqlens_q, ("int32",))
+    batch = shape(cu_seqlens_q)[0] - 1
+    c.value(batch >= 0, "cu_seqlens_q must have at least one entry (batch + 1 >= 1)")
+    c.value(shape(cu_seqlens_k) == (batch + 1,),
+            f"cu_seqlens_k must have cu_seqlens_q's shape ({batch + 1},), got {shape(cu_seqlens_k)}")
+    c.dtype("cu_seqlens_k", cu_seqlens_k, ("int32",))
+    if seqused_k is not None:
+        c.value(shape(seqused_k) == (batch,), f"seqused_k must have shape (batch,) = ({batch},), "
+                                              f"got {shape(seqused_k)}")
+        c.dtype("seqused_k", seqused_k, ("int32",))
+    if paged:
+        bt = c.rank("block_table", block_table, 2, "(batch, max_blocks_per_seq)")
+        c.value(bt[0] == batch, f"block_table must have batch = {batch} rows, got {bt[0]}")
+        c.dtype("block_table", block_table, ("int32",))
+    if alibi_slopes is not None:
+        c.value(shape(alibi_slopes) in ((num_heads,), (batch, num_heads)),
+                f"alibi_slopes must have shape (num_heads,) = ({num_heads},) or (batch, num_heads)"
+                f" = ({batch}, {num_heads}), got {shape(alibi_slopes)}")
+        c.dtype("alibi_slopes", alibi_slopes, ("float32",))
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        c.value(x is None or fp8, f"{name} applies to float8_e4m3fn inputs only (q is {q_dtype})")
+        c.scalar(name, x)
+
+    max_seqlen_q = total_q if max_seqlen_q is None else c.static_int("max_seqlen_q", max_seqlen_q, 0)
+    max_seqlen_k = total_k if max_seqlen_k is None else c.static_int("max_seqlen_k", max_seqlen_k, 0)
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else _float(c, "softmax_scale",
+                                                                          softmax_scale)
+    left, right = _window(c, window_size, causal)
+    return FlashSpec(softmax_scale=scale, softcap=_float(c, "softcap", softcap, 0.0),
+                     window_left=left, window_right=right, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_k=max_seqlen_k, out_dtype="bfloat16" if fp8 else q_dtype,
+                     paged=paged)
+
+
+def flash_dense_check(q, k, v) -> tuple[int, int, int]:
+    """(batch, seqlen_q, seqlen_k) of the dense layout; the rest is checked as varlen."""
+    c = _Check("flash_attn")
+    b, sq, _, _ = c.rank("q", q, 4, "(batch, seqlen_q, num_heads, head_dim)")
+    ks = c.rank("k", k, 4, "(batch, seqlen_k, num_heads_k, head_dim)")
+    c.value(ks[0] == b, f"k's batch ({ks[0]}) must equal q's ({b})")
+    c.value(shape(v) == ks, f"v must have k's shape {ks}, got {shape(v)}")
+    return b, sq, ks[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedSpec:
+    scale: float
+    soft_cap: float
+    sliding_window: int
+    kv_cache_dtype: str
+
+    def attributes(self) -> dict:
+        return {"scale": self.scale, "soft_cap": self.soft_cap,
+                "sliding_window": self.sliding_window, "kv_cache_dtype": self.kv_cache_dtype}
+
+
+def _cache_format(c: _Check, kv_cache_dtype, cache, src_dtype: str | None) -> str:
+    c.value(kv_cache_dtype in KV_CACHE_DTYPES,
+            f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
+            f"got {kv_cache_dtype!r}")
+    fmt = KV_CACHE_DTYPES[kv_cache_dtype]
+    stored = dtype_name(cache)
+    if fmt == "auto":
+        c.type(stored != "uint8", "a uint8 cache needs kv_cache_dtype 'fp8_e4m3' or 'fp8_e5m2'")
+        if src_dtype is not None and stored not in FP8_DTYPES:
+            c.type(stored == src_dtype, f"key_cache must have key's dtype {src_dtype} "
+                                        f"(or be fp8), got {stored}")
+    else:
+        c.type(stored in ("uint8", FP8_FORMAT_DTYPE[fmt]),
+               f"kv_cache_dtype {kv_cache_dtype!r} needs a uint8 or {FP8_FORMAT_DTYPE[fmt]} "
+               f"cache, got {stored}")
+    return fmt
+
+
+def _cache_pair(c: _Check, key_cache, value_cache, allowed: tuple[str, ...]):
+    cs = c.rank("key_cache", key_cache, 4, "(num_blocks, block_size, num_heads_k, head_dim)")
+    c.value(shape(value_cache) == cs,
+            f"value_cache must have key_cache's shape {cs}, got {shape(value_cache)}")
+    c.dtype("key_cache", key_cache, allowed)
+    c.type(dtype_name(value_cache) == dtype_name(key_cache),
+           f"value_cache must have key_cache's dtype {dtype_name(key_cache)}, "
+           f"got {dtype_name(value_cache)}")
+    return cs
+
+
+def paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
+                         scale, sliding_window, soft_cap, k_scale, v_scale, num_seqs,
+                         kv_cache_dtype="auto") -> PagedSpec:
+    c = _Check("paged_attention")
+    _, num_heads, head_dim = c.rank("query", query, 3, "(total_q, num_heads, head_dim)")
+    q_dtype = c.dtype("query", query, FLOAT_DTYPES)
+    cs = _cache_pair(c, key_cache, value_cache, (q_dtype, "uint8") + FP8_DTYPES)
+    c.value(cs[3] == head_dim, f"key_cache's head_dim ({cs[3]}) must equal query's ({head_dim})")
+    c.value(1 <= head_dim <= MAX_HEAD_DIM,
+            f"head_dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
+    c.value(num_heads % cs[2] == 0,
+            f"num_heads ({num_heads}) must be a multiple of num_heads_k ({cs[2]})")
+    (n,) = c.rank("seq_lens", seq_lens, 1, "(num_seqs,)")
+    c.dtype("seq_lens", seq_lens, ("int32",))
+    bt = c.rank("block_tables", block_tables, 2, "(num_seqs, max_blocks_per_seq)")
+    c.value(bt[0] == n, f"block_tables must have {n} rows like seq_lens, got {bt[0]}")
+    c.dtype("block_tables", block_tables, ("int32",))
+    c.value(shape(query_start_loc) == (n + 1,),
+            f"query_start_loc must have shape (num_seqs + 1,) = ({n + 1},), "
+            f"got {shape(query_start_loc)}")
+    c.dtype("query_start_loc", query_start_loc, ("int32",))
+    c.scalar("k_scale", k_scale)
+    c.scalar("v_scale", v_scale)
+    c.scalar("num_seqs", num_seqs, "int32")
+    window = 0 if sliding_window is None else c.static_int("sliding_window", sliding_window, 1)
+    cap = 0.0 if soft_cap is None else _float(c, "soft_cap", soft_cap, 0.0)
+    fmt = _cache_format(c, kv_cache_dtype, key_cache, None)
+    return PagedSpec(scale=_float(c, "scale", scale), soft_cap=cap, sliding_window=window,
+                     kv_cache_dtype=fmt)
+
+
+def cache_write_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                     k_scale, v_scale) -> str:
+    """Returns the normalised kv_cache_dtype attribute."""
+    c = _Check("reshape_and_cache_flash")
+    ks = c.rank("key", key, 3, "(num_tokens, num_heads_k, head_dim)")
+    c.value(shape(value) == ks, f"value must have key's shape {ks}, got {shape(value)}")
+    src = c.dtype("key", key, FLOAT_DTYPES)
+    c.type(dtype_name(value) == src, f"value must have key's dtype {src}, got {dtype_name(value)}")
+    cs = _cache_pair(c, key_cache, value_cache, FLOAT_DTYPES + FP8_DTYPES + ("uint8",))
+    c.value(cs[2:] == ks[1:], f"key_cache's (num_heads_k, head_dim) = {cs[2:]} must match key's "
+                              f"{ks[1:]}")
+    c.value(shape(slot_mapping) == (ks[0],),
+            f"slot_mapping must have shape (num_tokens,) = ({ks[0]},), got {shape(slot_mapping)}")
+    c.dtype("slot_mapping", slot_mapping, ("int32", "int64"))
+    c.scalar("k_scale", k_scale)
+    c.scalar("v_scale", v_scale)
+    return _cache_format(c, kv_cache_dtype, key_cache, src)
