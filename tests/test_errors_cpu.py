@@ -1,0 +1,191 @@
+"""Bad input gives a clear error naming the argument and what was expected, and the
+process keeps working afterwards."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import xla_attn
+from xla_attn import _native
+
+
+def _valid(rng):
+    q = jnp.asarray(rng.standard_normal((10, 4, 32)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((12, 2, 32)), jnp.float32)
+    cu_q = jnp.array([0, 4, 10], jnp.int32)
+    cu_k = jnp.array([0, 5, 12], jnp.int32)
+    return dict(q=q, k=k, v=k + 1, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=6,
+                max_seqlen_k=7)
+
+
+def _cache(rng, dtype=jnp.bfloat16, cache_dtype=None):
+    key = jnp.asarray(rng.standard_normal((3, 2, 32)), dtype)
+    cache = jnp.asarray(rng.standard_normal((4, 16, 2, 32)), cache_dtype or dtype)
+    return dict(key=key, value=key, key_cache=cache, value_cache=cache,
+                slot_mapping=jnp.array([1, -1, 5], jnp.int32))
+
+
+def _paged(rng):
+    return dict(query=jnp.asarray(rng.standard_normal((3, 4, 32)), jnp.bfloat16),
+                key_cache=jnp.asarray(rng.standard_normal((4, 16, 2, 32)), jnp.bfloat16),
+                value_cache=jnp.asarray(rng.standard_normal((4, 16, 2, 32)), jnp.bfloat16),
+                seq_lens=jnp.array([5, 20], jnp.int32),
+                block_tables=jnp.array([[0, 1], [2, 3]], jnp.int32),
+                query_start_loc=jnp.array([0, 1, 3], jnp.int32), scale=0.2)
+
+
+FLASH_CASES = [
+    ("q rank", dict(q=jnp.zeros((10, 4), jnp.float32)), ValueError,
+     "flash_attn_varlen: q must have shape (total_q, num_heads, head_dim), got shape (10, 4)"),
+    ("v shape", dict(v=jnp.ones((11, 2, 32), jnp.float32)), ValueError,
+     "flash_attn_varlen: v must have k's shape (12, 2, 32), got (11, 2, 32)"),
+    ("q dtype", dict(q=jnp.ones((10, 4, 32), jnp.int32)), TypeError,
+     "flash_attn_varlen: q must be float16, bfloat16, float32 or float8_e4m3fn, got int32"),
+    ("kv dtype", dict(k=jnp.ones((12, 2, 32), jnp.float16)), TypeError,
+     "flash_attn_varlen: k and v must have q's dtype float32, got float16 and float32"),
+    ("head_dim", dict(q=jnp.ones((10, 4, 512)), k=jnp.ones((12, 2, 512)), v=jnp.ones((12, 2, 512))),
+     ValueError, "flash_attn_varlen: head_dim must be between 1 and 256, got 512"),
+    ("head_dim mismatch", dict(k=jnp.ones((12, 2, 16)), v=jnp.ones((12, 2, 16))), ValueError,
+     "flash_attn_varlen: k's head_dim (16) must equal q's (32)"),
+    ("gqa divisibility", dict(k=jnp.ones((12, 3, 32)), v=jnp.ones((12, 3, 32))), ValueError,
+     "flash_attn_varlen: num_heads (4) must be a multiple of num_heads_k (3)"),
+    ("cu_seqlens length", dict(cu_seqlens_k=jnp.array([0, 5, 9, 12], jnp.int32)), ValueError,
+     "flash_attn_varlen: cu_seqlens_k must have cu_seqlens_q's shape (3,), got (4,)"),
+    ("cu_seqlens dtype", dict(cu_seqlens_q=jnp.array([0, 4, 10], jnp.float32)), TypeError,
+     "flash_attn_varlen: cu_seqlens_q must be int32, got float32"),
+    ("window", dict(window_size=(-2, 0)), ValueError,
+     "flash_attn_varlen: window_size must be a pair of ints >= -1 (-1 = unbounded), got (-2, 0)"),
+    ("softcap", dict(softcap=-1.0), ValueError, "flash_attn_varlen: softcap must be >= 0.0, got -1.0"),
+    ("alibi shape", dict(alibi_slopes=jnp.ones((3,), jnp.float32)), ValueError,
+     "flash_attn_varlen: alibi_slopes must have shape (num_heads,) = (4,) or (batch, num_heads)"
+     " = (2, 4), got (3,)"),
+    ("seqused_k shape", dict(seqused_k=jnp.array([1, 2, 3], jnp.int32)), ValueError,
+     "flash_attn_varlen: seqused_k must have shape (batch,) = (2,), got (3,)"),
+    ("block_table rows", dict(k=jnp.ones((4, 16, 2, 32)), v=jnp.ones((4, 16, 2, 32)),
+                              block_table=jnp.zeros((3, 2), jnp.int32)), ValueError,
+     "flash_attn_varlen: block_table must have batch = 2 rows, got 3"),
+    ("max_seqlen type", dict(max_seqlen_q=4.5), TypeError,
+     "flash_attn_varlen: max_seqlen_q must be a Python int, got float"),
+    ("descale on non-fp8", dict(q_descale=jnp.ones((), jnp.float32)), ValueError,
+     "flash_attn_varlen: q_descale applies to float8_e4m3fn inputs only (q is float32)"),
+]
+
+
+@pytest.mark.parametrize("case", FLASH_CASES, ids=[c[0] for c in FLASH_CASES])
+def test_flash_bad_input(case):
+    _, override, error, message = case
+    args = _valid(np.random.default_rng(0)) | override
+    with pytest.raises(error) as info:
+        xla_attn.flash_attn_varlen(**args)
+    assert str(info.value) == message
+
+
+CACHE_CASES = [
+    ("kv_cache_dtype", dict(kv_cache_dtype="int4"), ValueError,
+     "reshape_and_cache_flash: kv_cache_dtype must be one of 'auto', 'fp8', 'fp8_e4m3', "
+     "'fp8_e5m2', got 'int4'"),
+    ("auto dtype mismatch", dict(key_cache=jnp.ones((4, 16, 2, 32), jnp.float16),
+                                 value_cache=jnp.ones((4, 16, 2, 32), jnp.float16)), TypeError,
+     "reshape_and_cache_flash: key_cache must have key's dtype bfloat16 (or be fp8), got float16"),
+    ("uint8 without format", dict(key_cache=jnp.ones((4, 16, 2, 32), jnp.uint8),
+                                  value_cache=jnp.ones((4, 16, 2, 32), jnp.uint8)), TypeError,
+     "reshape_and_cache_flash: a uint8 cache needs kv_cache_dtype 'fp8_e4m3' or 'fp8_e5m2'"),
+    ("fp8 format mismatch", dict(key_cache=jnp.ones((4, 16, 2, 32), jnp.float8_e5m2),
+                                 value_cache=jnp.ones((4, 16, 2, 32), jnp.float8_e5m2),
+                                 kv_cache_dtype="fp8_e4m3"), TypeError,
+     "reshape_and_cache_flash: kv_cache_dtype 'fp8_e4m3' needs a uint8 or float8_e4m3fn cache, "
+     "got float8_e5m2"),
+    ("slot length", dict(slot_mapping=jnp.array([1, 2], jnp.int32)), ValueError,
+     "reshape_and_cache_flash: slot_mapping must have shape (num_tokens,) = (3,), got (2,)"),
+    ("slot dtype", dict(slot_mapping=jnp.array([1, 2, 3], jnp.float32)), TypeError,
+     "reshape_and_cache_flash: slot_mapping must be int32 or int64, got float32"),
+    ("cache heads", dict(key_cache=jnp.ones((4, 16, 4, 32), jnp.bfloat16),
+                         value_cache=jnp.ones((4, 16, 4, 32), jnp.bfloat16)), ValueError,
+     "reshape_and_cache_flash: key_cache's (num_heads_k, head_dim) = (4, 32) must match key's "
+     "(2, 32)"),
+    ("scale shape", dict(k_scale=jnp.ones((2,), jnp.float32)), ValueError,
+     "reshape_and_cache_flash: k_scale must have shape () or (1,), got (2,)"),
+]
+
+
+@pytest.mark.parametrize("case", CACHE_CASES, ids=[c[0] for c in CACHE_CASES])
+def test_cache_bad_input(case):
+    _, override, error, message = case
+    args = _cache(np.random.default_rng(0)) | override
+    with pytest.raises(error) as info:
+        xla_attn.reshape_and_cache_flash(**args)
+    assert str(info.value) == message
+
+
+PAGED_CASES = [
+    ("query_start_loc", dict(query_start_loc=jnp.array([0, 3], jnp.int32)), ValueError,
+     "paged_attention: query_start_loc must have shape (num_seqs + 1,) = (3,), got (2,)"),
+    ("sliding_window", dict(sliding_window=0), ValueError,
+     "paged_attention: sliding_window must be >= 1, got 0"),
+    ("cache dtype", dict(key_cache=jnp.ones((4, 16, 2, 32), jnp.float16),
+                         value_cache=jnp.ones((4, 16, 2, 32), jnp.float16)), TypeError,
+     "paged_attention: key_cache must be bfloat16, uint8, float8_e4m3fn or float8_e5m2, "
+     "got float16"),
+    ("num_seqs dtype", dict(num_seqs=jnp.array(1, jnp.int64 if jax.config.x64_enabled
+                                               else jnp.float32)), TypeError,
+     "paged_attention: num_seqs must be int32, got float32"),
+]
+
+
+@pytest.mark.parametrize("case", PAGED_CASES, ids=[c[0] for c in PAGED_CASES])
+def test_paged_bad_input(case):
+    _, override, error, message = case
+    args = _paged(np.random.default_rng(0)) | override
+    with pytest.raises(error) as info:
+        xla_attn.paged_attention(**args)
+    assert str(info.value) == message
+
+
+def test_unsupported_arch_lists_the_build():
+    with pytest.raises(RuntimeError) as info:
+        _native.select_variant("cache_write", "bfloat16", "float8_e4m3fn", 128, arch=60)
+    message = str(info.value)
+    assert message.startswith("xla_attn: no CUDA kernel for cache_write with dtypes bf16->f8e4m3, "
+                              "head_dim 128, features 0x0 on sm_60; this build has: portable(")
+    assert "bf16->f8e4m3, sm_70;75;80;86;89;90" in message
+
+
+def test_missing_gpu_kernel_is_named():
+    with pytest.raises(RuntimeError) as info:
+        _native.select_variant("flash_fwd", "bfloat16", "bfloat16", 128, arch=90)
+    assert str(info.value).endswith("this build has: none; CUDA kernels exist for: cache_write")
+
+
+def test_wrong_input_type_names_the_frontend():
+    with pytest.raises(TypeError) as info:
+        xla_attn.flash_attn_varlen([[1.0]], None, None, None, None)
+    assert str(info.value) == "xla_attn.flash_attn_varlen: expected jax arrays (or numpy arrays), got list"
+
+
+def test_native_check_rejects_what_python_cannot_see():
+    """A raw custom call with a bad attribute (as EXLA could emit) is refused by the
+    handler with a message, and the process keeps working."""
+    from xla_attn import jax as xj
+
+    a = _valid(np.random.default_rng(1))
+    spec_attrs = dict(softmax_scale=np.float32(0.1), softcap=np.float32(0), window_left=-5,
+                      window_right=-1, max_seqlen_q=6, max_seqlen_k=7)
+    xj._register()
+    call = jax.ffi.ffi_call("xla_attn_flash_fwd_v1",
+                            (jax.ShapeDtypeStruct(a["q"].shape, jnp.float32),
+                             jax.ShapeDtypeStruct((4, 10), jnp.float32)), vmap_method="sequential")
+    empty_i, empty_f = jnp.zeros((0,), jnp.int32), jnp.zeros((0,), jnp.float32)
+    with pytest.raises(Exception, match="flash_fwd: window sizes must be >= -1"):
+        jax.block_until_ready(call(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],
+                                   empty_i, empty_i, empty_f, empty_f, empty_f, empty_f,
+                                   **spec_attrs))
+
+
+def test_process_keeps_working_after_errors():
+    rng = np.random.default_rng(2)
+    for case in FLASH_CASES[:3]:
+        with pytest.raises(case[2]):
+            xla_attn.flash_attn_varlen(**(_valid(rng) | case[1]))
+    out = xla_attn.flash_attn_varlen(**_valid(rng))
+    assert np.isfinite(np.asarray(out)).all()
