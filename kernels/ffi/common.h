@@ -35,6 +35,9 @@ inline const void* optional(const ffi::AnyBuffer& b) {
 inline int64_t dim(const ffi::AnyBuffer& b, size_t i) { return b.dimensions()[i]; }
 inline size_t rank(const ffi::AnyBuffer& b) { return b.dimensions().size(); }
 
+// i64 attributes that land in int32 params fields (window sizes, seq-length hints).
+inline bool fits_int32(int64_t v) { return v >= -(int64_t(1) << 31) && v < (int64_t(1) << 31); }
+
 inline ffi::Error to_error(const std::string& message) {
   if (message.empty()) return ffi::Error::Success();
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, message);

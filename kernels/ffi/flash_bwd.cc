@@ -24,6 +24,7 @@ ffi::Error FlashBwd(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi:
                   to_dtype(cu_seqlens_q.element_type()) == XLA_ATTN_I32 &&
                   to_dtype(cu_seqlens_k.element_type()) == XLA_ATTN_I32,
               "cu_seqlens_q and cu_seqlens_k must be int32 [batch + 1]");
+  c.expect(fits_int32(window_left) && fits_int32(window_right) && fits_int32(max_seqlen_q) && fits_int32(max_seqlen_k), "window_left, window_right, max_seqlen_q, max_seqlen_k must fit in int32");
   if (!c.ok()) return to_error(c.error());
   const int64_t batch = cu_seqlens_q.element_count() - 1;
   const xla_attn_dtype dtype = to_dtype(q.element_type());

@@ -26,6 +26,7 @@ ffi::Error FlashFwd(cudaStream_t stream, int platform, ffi::AnyBuffer q, ffi::An
                   to_dtype(seqused_k.element_type()) == XLA_ATTN_I32 &&
                   to_dtype(block_table.element_type()) == XLA_ATTN_I32,
               "index operands must be int32");
+  c.expect(fits_int32(window_left) && fits_int32(window_right) && fits_int32(max_seqlen_q) && fits_int32(max_seqlen_k), "window_left, window_right, max_seqlen_q, max_seqlen_k must fit in int32");
   if (!c.ok()) return to_error(c.error());
   const int64_t batch = cu_seqlens_q.element_count() - 1;
   const int64_t head_dim = dim(q, 2);

@@ -20,6 +20,7 @@ ffi::Error PagedAttention(cudaStream_t stream, int platform, ffi::AnyBuffer quer
       .expect(rank(seq_lens) == 1 && rank(block_tables) == 2 && rank(query_start_loc) == 1,
               "seq_lens must be [num_seqs], block_tables [num_seqs, max_blocks], "
               "query_start_loc [num_seqs + 1]");
+  c.expect(fits_int32(sliding_window), "sliding_window must fit in int32");
   if (!c.ok()) return to_error(c.error());
   const int64_t max_num_seqs = dim(seq_lens, 0);
   c.expect(dim(block_tables, 0) == max_num_seqs && dim(query_start_loc, 0) == max_num_seqs + 1,
