@@ -80,6 +80,16 @@ int xla_attn_select_variant(const char* op, int dtype0, int dtype1, int head_dim
   return 0;
 }
 
+size_t xla_attn_params_size(const char* op) {
+  if (!op) return 0;
+  const std::string name(op);
+  if (name == "flash_fwd") return sizeof(xla_attn_flash_fwd_params);
+  if (name == "flash_bwd") return sizeof(xla_attn_flash_bwd_params);
+  if (name == "paged_attention") return sizeof(xla_attn_paged_attention_params);
+  if (name == "cache_write") return sizeof(xla_attn_cache_write_params);
+  return 0;
+}
+
 int xla_attn_device_arch(char* error, size_t error_len) {
   std::string message;
   int arch = xla_attn::dispatch::current_arch(&message);

@@ -33,6 +33,9 @@ XLA_ATTN_EXPORT int xla_attn_cache_write(const xla_attn_cache_write_params* para
  * (major*10+minor): its kernel name in `out`, or the "no kernel" message. */
 XLA_ATTN_EXPORT int xla_attn_select_variant(const char* op, int dtype0, int dtype1, int head_dim,
                             unsigned features, int arch, char* out, size_t out_len);
+/* sizeof the params struct of `op` (flash_fwd, flash_bwd, paged_attention, cache_write),
+ * or 0: lets bindings that mirror the structs (ctypes) check their layout. */
+XLA_ATTN_EXPORT size_t xla_attn_params_size(const char* op);
 /* Compute capability of the current CUDA device, or -1 with a message. */
 XLA_ATTN_EXPORT int xla_attn_device_arch(char* error, size_t error_len);
 
