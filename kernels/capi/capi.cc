@@ -80,6 +80,16 @@ int xla_attn_select_variant(const char* op, int dtype0, int dtype1, int head_dim
   return 0;
 }
 
+size_t xla_attn_workspace_size(const char* op, const void* params) {
+  if (!op || !params) return 0;
+  const std::string name(op);
+  if (name == "flash_fwd")
+    return xla_attn::workspace_size(*static_cast<const xla_attn_flash_fwd_params*>(params));
+  if (name == "paged_attention")
+    return xla_attn::workspace_size(*static_cast<const xla_attn_paged_attention_params*>(params));
+  return 0;
+}
+
 size_t xla_attn_params_size(const char* op) {
   if (!op) return 0;
   const std::string name(op);

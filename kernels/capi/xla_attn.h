@@ -33,6 +33,10 @@ XLA_ATTN_EXPORT int xla_attn_cache_write(const xla_attn_cache_write_params* para
  * (major*10+minor): its kernel name in `out`, or the "no kernel" message. */
 XLA_ATTN_EXPORT int xla_attn_select_variant(const char* op, int dtype0, int dtype1, int head_dim,
                             unsigned features, int arch, char* out, size_t out_len);
+/* Device scratch bytes the CUDA path of `op` needs for these params (0: none); the
+ * caller allocates it and sets params->workspace / workspace_bytes. The Host path
+ * needs none. */
+XLA_ATTN_EXPORT size_t xla_attn_workspace_size(const char* op, const void* params);
 /* sizeof the params struct of `op` (flash_fwd, flash_bwd, paged_attention, cache_write),
  * or 0: lets bindings that mirror the structs (ctypes) check their layout. */
 XLA_ATTN_EXPORT size_t xla_attn_params_size(const char* op);

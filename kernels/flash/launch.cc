@@ -17,6 +17,8 @@ unsigned features_of(const P& p) {
 
 }  // namespace
 
+size_t workspace_size(const xla_attn_flash_fwd_params&) { return 0; }
+
 std::string launch_cuda(const xla_attn_flash_fwd_params& p, cudaStream_t stream) {
   unsigned f = features_of(p);
   if (p.block_table) f |= kFeaturePaged;

@@ -24,8 +24,10 @@ typedef struct xla_attn_flash_fwd_params {
   const float* q_descale;       // [1] or null; fp8 inputs only
   const float* k_descale;       // [1] or null
   const float* v_descale;       // [1] or null
+  void* workspace;              // device scratch of workspace_bytes (split-KV partials) or null
   int64_t total_q;
   int64_t total_k;              // rows of k; paged: num_blocks * block_size
+  int64_t workspace_bytes;      // what xla_attn_workspace_size() asked for
   int32_t batch;
   int32_t num_heads;
   int32_t num_heads_k;          // num_heads % num_heads_k == 0 (MQA/GQA)
@@ -43,7 +45,7 @@ typedef struct xla_attn_flash_fwd_params {
   xla_attn_dtype q_dtype;
   xla_attn_dtype kv_dtype;
   xla_attn_dtype out_dtype;
-  int32_t reserved0;
+  int32_t num_splits;           // key-range splits per (row block, head); 0: the kernel decides
 } xla_attn_flash_fwd_params;
 
 typedef struct xla_attn_flash_bwd_params {
@@ -78,7 +80,7 @@ typedef struct xla_attn_flash_bwd_params {
   xla_attn_dtype dtype;
 } xla_attn_flash_bwd_params;
 
-XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_fwd_params) == 13 * 8 + 2 * 8 + 18 * 4,
+XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_fwd_params) == 14 * 8 + 3 * 8 + 18 * 4,
                        "flash_fwd params layout is part of the C ABI v1");
 XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_bwd_params) == 14 * 8 + 3 * 8 + 12 * 4,
                        "flash_bwd params layout is part of the C ABI v1");

@@ -4,6 +4,8 @@
 
 namespace xla_attn {
 
+size_t workspace_size(const xla_attn_paged_attention_params&) { return 0; }
+
 std::string launch_cuda(const xla_attn_paged_attention_params& p, cudaStream_t stream) {
   unsigned f = kFeaturePaged;
   if (p.alibi_slopes) f |= kFeatureAlibi;

@@ -20,7 +20,9 @@ typedef struct xla_attn_paged_attention_params {
   const float* k_scale;            // [1] or null (1.0); dequantizes fp8 caches
   const float* v_scale;            // [1] or null
   const float* alibi_slopes;       // [num_heads] or null
+  void* workspace;                 // device scratch of workspace_bytes or null
   int64_t total_q;
+  int64_t workspace_bytes;         // what xla_attn_workspace_size() asked for
   int32_t max_num_seqs;
   int32_t num_heads;
   int32_t num_heads_k;
@@ -35,7 +37,7 @@ typedef struct xla_attn_paged_attention_params {
   xla_attn_dtype cache_dtype;      // storage format of the caches (fp8 for uint8 caches)
 } xla_attn_paged_attention_params;
 
-XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_paged_attention_params) == 11 * 8 + 8 + 12 * 4,
+XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_paged_attention_params) == 12 * 8 + 2 * 8 + 12 * 4,
                        "paged_attention params layout is part of the C ABI v1");
 
 #ifdef __cplusplus
