@@ -24,6 +24,8 @@ typedef struct xla_attn_flash_fwd_params {
   const float* q_descale;       // [1] or null; fp8 inputs only
   const float* k_descale;       // [1] or null
   const float* v_descale;       // [1] or null
+  const int32_t* batch_used;    // [1] device scalar or null: sequences b >= *batch_used are
+                                //   padding (paged_attention's num_seqs)
   void* workspace;              // device scratch of workspace_bytes (split-KV partials) or null
   int64_t total_q;
   int64_t total_k;              // rows of k; paged: num_blocks * block_size
@@ -80,7 +82,7 @@ typedef struct xla_attn_flash_bwd_params {
   xla_attn_dtype dtype;
 } xla_attn_flash_bwd_params;
 
-XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_fwd_params) == 14 * 8 + 3 * 8 + 18 * 4,
+XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_fwd_params) == 15 * 8 + 3 * 8 + 18 * 4,
                        "flash_fwd params layout is part of the C ABI v1");
 XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_bwd_params) == 14 * 8 + 3 * 8 + 12 * 4,
                        "flash_bwd params layout is part of the C ABI v1");
