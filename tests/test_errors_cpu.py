@@ -151,10 +151,19 @@ def test_unsupported_arch_lists_the_build():
     assert "bf16->f8e4m3, sm_70;75;80;86;89;90" in message
 
 
-def test_missing_gpu_kernel_is_named():
+def test_head_dim_without_kernel_lists_what_exists():
     with pytest.raises(RuntimeError) as info:
-        _native.select_variant("flash_fwd", "bfloat16", "bfloat16", 128, arch=90)
-    assert str(info.value).endswith("this build has: none; CUDA kernels exist for: cache_write")
+        _native.select_variant("flash_fwd", "bfloat16", "bfloat16", 512, arch=90)
+    message = str(info.value)
+    assert message.startswith("xla_attn: no CUDA kernel for flash_fwd with dtypes bf16->bf16, "
+                              "head_dim 512, features 0x0 on sm_90; this build has: ")
+    assert "portable(bf16->bf16, sm_" in message
+
+
+def test_unknown_op_lists_the_ops_with_kernels():
+    with pytest.raises(RuntimeError) as info:
+        _native.select_variant("flash_fwd_v9", "bfloat16", "bfloat16", 128, arch=90)
+    assert "this build has: none; CUDA kernels exist for: cache_write flash_fwd" in str(info.value)
 
 
 def test_wrong_input_type_names_the_frontend():

@@ -56,16 +56,19 @@ def _find(relative: str) -> pathlib.Path:
     )
 
 
-def toolkit() -> dict[str, pathlib.Path]:
-    return {
+def toolkit(host: bool = True) -> dict[str, pathlib.Path]:
+    """Toolkit files; `host` adds those only the host build needs (FFI headers)."""
+    found = {
         "nvrtc": _find("nvidia/cuda_nvrtc/lib/libnvrtc.so.12"),
         "ptxas": _find("nvidia/cuda_nvcc/bin/ptxas"),
         "nvfatbin": _find("nvidia/nvfatbin/lib/libnvfatbin.so.12"),
         "cuda_include": _find("nvidia/cuda_runtime/include"),
         "crt_include": _find("nvidia/cuda_nvcc/include"),
         "cudart_static": _find("nvidia/cuda_runtime/lib/libcudart_static.a"),
-        "xla_ffi_include": ffi_include(),
     }
+    if host:
+        found["xla_ffi_include"] = ffi_include()
+    return found
 
 
 # Handlers built against FFI API 0.1 load in every runtime from torch_xla 2.9 to the
@@ -256,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     comp.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
 
-    tk = toolkit()
+    tk = toolkit(host=args.cmd == "paths")
     if args.cmd == "paths":
         for key, value in tk.items():
             print(f'set(XLA_ATTN_{key.upper()} "{value}")')

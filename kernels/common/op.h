@@ -27,6 +27,8 @@ std::string launch_cuda(const xla_attn_cache_write_params& p, cudaStream_t strea
 // Device scratch the CUDA path needs (ops without any return 0).
 size_t workspace_size(const xla_attn_flash_fwd_params& p);
 size_t workspace_size(const xla_attn_paged_attention_params& p);
+inline size_t workspace_size(const xla_attn_flash_bwd_params&) { return 0; }
+inline size_t workspace_size(const xla_attn_cache_write_params&) { return 0; }
 
 namespace host {
 std::string run(const xla_attn_flash_fwd_params& p);

@@ -21,6 +21,14 @@ typedef unsigned long long uint64_t;
 #define XLA_ATTN_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
 
+// constexpr helpers shared by host code and device code (NVRTC treats unannotated
+// functions as host-only).
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define XLA_ATTN_HOST_DEVICE __host__ __device__
+#else
+#define XLA_ATTN_HOST_DEVICE
+#endif
+
 // Element types. The numbering is part of the C ABI (v1): append, never renumber.
 enum {
   XLA_ATTN_F32 = 0,

@@ -9,6 +9,9 @@
 
 namespace xla_attn {
 
+// NVRTC has no <math.h> INFINITY.
+#define XLA_ATTN_INF __int_as_float(0x7f800000)
+
 // NVRTC ships no <type_traits>; this is the one trait the families need.
 template <typename A, typename B> inline constexpr bool kSameType = false;
 template <typename A> inline constexpr bool kSameType<A, A> = true;

@@ -63,7 +63,13 @@ DTYPES = {
 
 MODULES = (
     Module("cache_write_portable", "cache/write_portable.cuh", min_arch=70),
+    Module("flash_fwd_portable", "flash/fwd_portable.cuh", min_arch=70),
 )
+
+# Head-dim buckets of the portable family (kernels/flash/portable_tiles.h): the
+# kernel for bucket D serves every head_dim in (previous bucket, D].
+HEAD_BUCKETS = ((1, 32), (33, 64), (65, 128), (129, 256))
+ALL_FEATURES = sum(FEATURES.values())
 
 
 def _cache_write_variants():
@@ -81,4 +87,31 @@ def _cache_write_variants():
         )
 
 
-VARIANTS = tuple(_cache_write_variants())
+def _out_dtype(q: str) -> str:
+    return "bf16" if q.startswith("f8") else q
+
+
+def _flash_fwd_variants():
+    # flash_attn_varlen: q and k/v of one dtype (fp8 e4m3 with descales, bf16 out);
+    # paged_attention adds fp8 caches under 16/32-bit queries: 4 + 6 pairs x 4 buckets.
+    pairs = [("f16", "f16"), ("bf16", "bf16"), ("f32", "f32"), ("f8e4m3", "f8e4m3")]
+    pairs += list(itertools.product(("f16", "bf16", "f32"), ("f8e4m3", "f8e5m2")))
+    for (q, kv), (lo, hi) in itertools.product(pairs, HEAD_BUCKETS):
+        out = _out_dtype(q)
+        yield Variant(
+            op="flash_fwd", family="portable", module="flash_fwd_portable",
+            kernel=f"xla_attn_flash_fwd_portable_{q}_{kv}_d{hi}",
+            template=(f"xla_attn::flash_fwd_portable<{DTYPES[q][1]}, {DTYPES[kv][1]}, "
+                      f"{DTYPES[out][1]}, {hi}>"),
+            params="xla_attn_flash_fwd_params", dtype0=q, dtype1=kv, head_dim_min=lo,
+            head_dim_max=hi, features=ALL_FEATURES, threads=128)
+    for out in ("f16", "bf16", "f32"):  # split-KV merge, any head dim
+        yield Variant(
+            op="flash_combine", family="portable", module="flash_fwd_portable",
+            kernel=f"xla_attn_flash_combine_portable_{out}",
+            template=f"xla_attn::flash_combine_portable<{DTYPES[out][1]}>",
+            params="xla_attn_flash_fwd_params", dtype0=out, dtype1=out,
+            features=ALL_FEATURES, threads=128)
+
+
+VARIANTS = tuple(_cache_write_variants()) + tuple(_flash_fwd_variants())

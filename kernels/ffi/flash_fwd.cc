@@ -4,7 +4,7 @@
 namespace xla_attn::ffi_glue {
 namespace {
 
-ffi::Error FlashFwd(cudaStream_t stream, int platform, ffi::AnyBuffer q, ffi::AnyBuffer k,
+ffi::Error FlashFwd(cudaStream_t stream, ffi::ScratchAllocator* scratch, int platform, ffi::AnyBuffer q, ffi::AnyBuffer k,
                     ffi::AnyBuffer v, ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
                     ffi::AnyBuffer seqused_k, ffi::AnyBuffer block_table, ffi::AnyBuffer alibi,
                     ffi::AnyBuffer q_descale, ffi::AnyBuffer k_descale, ffi::AnyBuffer v_descale,
@@ -88,7 +88,7 @@ ffi::Error FlashFwd(cudaStream_t stream, int platform, ffi::AnyBuffer q, ffi::An
   p.q_dtype = to_dtype(q.element_type());
   p.kv_dtype = to_dtype(k.element_type());
   p.out_dtype = to_dtype(out->element_type());
-  return to_error(run(p, platform, stream));
+  return run_with_workspace(p, platform, stream, scratch);
 }
 
 template <typename B>

@@ -4,7 +4,7 @@
 namespace xla_attn::ffi_glue {
 namespace {
 
-ffi::Error PagedAttention(cudaStream_t stream, int platform, ffi::AnyBuffer query,
+ffi::Error PagedAttention(cudaStream_t stream, ffi::ScratchAllocator* scratch, int platform, ffi::AnyBuffer query,
                           ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
                           ffi::AnyBuffer seq_lens, ffi::AnyBuffer block_tables,
                           ffi::AnyBuffer query_start_loc, ffi::AnyBuffer num_seqs,
@@ -68,7 +68,7 @@ ffi::Error PagedAttention(cudaStream_t stream, int platform, ffi::AnyBuffer quer
   p.soft_cap = soft_cap;
   p.q_dtype = to_dtype(query.element_type());
   p.cache_dtype = format;
-  return to_error(run(p, platform, stream));
+  return run_with_workspace(p, platform, stream, scratch);
 }
 
 template <typename B>

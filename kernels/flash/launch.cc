@@ -1,6 +1,9 @@
+#include <algorithm>
+
 #include "common/checks.h"
 #include "common/op.h"
 #include "dispatch/dispatch.h"
+#include "flash/portable_tiles.h"
 #include "variants_features.h"
 
 namespace xla_attn {
@@ -15,18 +18,66 @@ unsigned features_of(const P& p) {
   return f;
 }
 
+int sm_count() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 1;
+  }
+  return count;
+}
+
+// Grid of the forward: (row blocks x splits, heads, batch + 1 padding block).
+struct FwdPlan {
+  int row_blocks;
+  int splits;
+  size_t workspace;
+};
+
+FwdPlan plan(const xla_attn_flash_fwd_params& p) {
+  const int d = portable::head_bucket(p.head_dim);
+  FwdPlan plan{std::max(1, (p.max_seqlen_q + portable::fwd_block_m(d) - 1) / portable::fwd_block_m(d)),
+               1, 0};
+  if (p.num_splits > 0) {
+    plan.splits = std::min(p.num_splits, portable::kMaxSplits);
+  } else {
+    // Split the keys only when the grid cannot fill the GPU by itself.
+    const int64_t blocks = int64_t(plan.row_blocks) * p.num_heads * std::max(p.batch, 1);
+    const int64_t want = (int64_t(portable::kBlocksPerSm) * sm_count() + blocks - 1) / blocks;
+    const int64_t by_keys = std::max(1, p.max_seqlen_k / portable::kMinKeysPerSplit);
+    plan.splits = int(std::clamp<int64_t>(std::min(want, by_keys), 1, portable::kMaxSplits));
+  }
+  if (plan.splits > 1) {
+    plan.workspace = size_t(plan.splits) * p.total_q * p.num_heads * (p.head_dim + 1) * sizeof(float);
+  }
+  return plan;
+}
+
 }  // namespace
 
-size_t workspace_size(const xla_attn_flash_fwd_params&) { return 0; }
+size_t workspace_size(const xla_attn_flash_fwd_params& p) { return plan(p).workspace; }
 
-std::string launch_cuda(const xla_attn_flash_fwd_params& p, cudaStream_t stream) {
+std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t stream) {
+  if (params.total_q == 0 || params.batch == 0) return "";
+  xla_attn_flash_fwd_params p = params;
+  const FwdPlan pl = plan(p);
+  p.num_splits = pl.splits;
+  if (pl.splits > 1 && (!p.workspace || size_t(p.workspace_bytes) < pl.workspace)) {
+    return "flash_fwd: the split-KV workspace is missing or smaller than "
+           "xla_attn_workspace_size() asked for";
+  }
+  if (p.batch + 1 > 65535) return "flash_fwd: at most 65534 sequences per call";
   unsigned f = features_of(p);
   if (p.block_table) f |= kFeaturePaged;
-  if (is_fp8_dtype(p.q_dtype)) f |= kFeatureFp8;
-  dispatch::Query q{"flash_fwd", p.q_dtype, p.kv_dtype, p.head_dim, f, 0};
-  // Grid and shared memory come with the first flash family; until then select()
-  // reports that this build has no flash_fwd kernel.
-  return dispatch::launch(q, dim3(1), 0, stream, &p);
+  if (is_fp8_dtype(p.q_dtype) || is_fp8_dtype(p.kv_dtype)) f |= kFeatureFp8;
+  const dispatch::Query q{"flash_fwd", p.q_dtype, p.kv_dtype, p.head_dim, f, 0};
+  const dim3 grid(unsigned(pl.row_blocks) * pl.splits, p.num_heads, p.batch + 1);
+  std::string error = dispatch::launch(q, grid, 0, stream, &p);
+  if (!error.empty() || pl.splits == 1) return error;
+  // 16 rows per combine block (its 4 warps x 4 rows).
+  const dim3 combine_grid((std::max(p.max_seqlen_q, 1) + 15) / 16, p.num_heads, p.batch);
+  const dispatch::Query c{"flash_combine", p.out_dtype, p.out_dtype, p.head_dim, f, 0};
+  return dispatch::launch(c, combine_grid, 0, stream, &p);
 }
 
 std::string launch_cuda(const xla_attn_flash_bwd_params& p, cudaStream_t stream) {

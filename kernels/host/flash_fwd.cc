@@ -45,8 +45,11 @@ std::string flash_fwd(const xla_attn_flash_fwd_params& p) {
     // contract unable to turn a "valid" block id into an out-of-bounds row.
     paging.num_blocks = std::min<int64_t>(p.num_blocks, p.total_k / p.block_size);
   }
+  // Sequences past *batch_used (a device scalar, untrusted) are padding.
+  const int64_t batch =
+      p.batch_used ? std::clamp<int64_t>(*p.batch_used, 0, p.batch) : int64_t{p.batch};
   const std::vector<Sequence> seqs =
-      flash_sequences(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.batch, p.total_q, p.total_k,
+      flash_sequences(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, batch, p.total_q, p.total_k,
                       paging, p.alibi_slopes, p.alibi_batch_stride);
   attention_forward(a, seqs, p.total_q, p.out, p.out_dtype, p.softmax_lse);
   return "";

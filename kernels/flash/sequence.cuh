@@ -1,0 +1,115 @@
+// Per-sequence geometry and the attention mask, shared by every flash family.
+// cu_seqlens, seqused_k, block tables and batch_used are device data and untrusted:
+// every index is clamped so that nothing outside the tensors is ever touched
+// (the same clamping as the host reference, kernels/host/attention_core.cc).
+#pragma once
+#include "common/types.h"
+
+namespace xla_attn {
+
+__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+// What a sequence b of a varlen batch covers. Rows are global (into q/out), keys are
+// sequence-local indices 0..num_k-1 mapped to rows by KeyRows.
+struct Sequence {
+  int64_t q_start;  // first global query row
+  int num_q;        // Lq
+  int64_t k_start;  // first global key row (not paged)
+  int num_k;        // Lk (keys the softmax sees)
+  int num_k_rows;   // keys that own gradient rows: the cu_seqlens_k span (>= num_k)
+  int offset;       // Lk - Lq: query row i sits at key position i + offset
+};
+
+// Number of real sequences: batch, or *batch_used clamped to it.
+__device__ __forceinline__ int real_batch(int batch, const int32_t* batch_used) {
+  return batch_used ? int(clamp64(*batch_used, 0, batch)) : batch;
+}
+
+__device__ __forceinline__ Sequence sequence(int b, const int32_t* cu_q, const int32_t* cu_k,
+                                             const int32_t* seqused_k, int64_t total_q,
+                                             int64_t total_k, bool paged, int64_t paged_max_k) {
+  Sequence s;
+  s.q_start = clamp64(cu_q[b], 0, total_q);
+  s.num_q = int(clamp64(cu_q[b + 1], s.q_start, total_q) - s.q_start);
+  if (paged) {
+    s.k_start = 0;
+    int64_t len = seqused_k ? int64_t(seqused_k[b])
+                            : (cu_k ? int64_t(cu_k[b + 1]) - int64_t(cu_k[b]) : 0);
+    s.num_k = int(clamp64(len, 0, paged_max_k));
+    s.num_k_rows = s.num_k;
+  } else {
+    s.k_start = clamp64(cu_k[b], 0, total_k);
+    s.num_k_rows = int(clamp64(cu_k[b + 1], s.k_start, total_k) - s.k_start);
+    s.num_k = seqused_k ? int(clamp64(seqused_k[b], 0, s.num_k_rows)) : s.num_k_rows;
+  }
+  s.offset = s.num_k - s.num_q;
+  return s;
+}
+
+// Sliding window around position pos (window_right = 0 is causal); -1 = unbounded.
+struct Window {
+  int left, right;
+  __device__ __forceinline__ bool visible(int64_t pos, int64_t j) const {
+    return (left < 0 || j >= pos - left) && (right < 0 || j <= pos + right);
+  }
+  // Keys [lo, hi) some row in [row_lo, row_hi] (positions row + offset) can see.
+  __device__ __forceinline__ void key_range(int64_t row_lo, int64_t row_hi, int offset, int num_k,
+                                            int* lo, int* hi) const {
+    int64_t a = left < 0 ? 0 : row_lo + offset - left;
+    int64_t b = right < 0 ? int64_t(num_k) : row_hi + offset + right + 1;
+    *lo = int(clamp64(a, 0, num_k));
+    *hi = int(clamp64(b, *lo, num_k));
+  }
+  // Query rows [lo, hi) that can see some key in [key_lo, key_hi].
+  __device__ __forceinline__ void row_range(int64_t key_lo, int64_t key_hi, int offset, int num_q,
+                                            int* lo, int* hi) const {
+    int64_t a = right < 0 ? 0 : key_lo - right - offset;
+    int64_t b = left < 0 ? int64_t(num_q) : key_hi + left - offset + 1;
+    *lo = int(clamp64(a, 0, num_q));
+    *hi = int(clamp64(b, *lo, num_q));
+  }
+};
+
+// Sequence-local key j -> global row of k/v, or -1 for a page that is not there.
+struct KeyRows {
+  const int32_t* table;  // null: contiguous keys starting at k_start
+  int max_blocks, block_size, num_blocks;
+  __device__ __forceinline__ int64_t row(int b, int64_t k_start, int j) const {
+    if (!table) return k_start + j;
+    const int32_t block = table[int64_t(b) * max_blocks + j / block_size];
+    if (block < 0 || block >= num_blocks) return -1;
+    return int64_t(block) * block_size + j % block_size;
+  }
+};
+
+// The score transform: softcap, then ALiBi (flash-attn's order).
+struct ScoreMod {
+  float scale, softcap, slope;  // slope 0: no ALiBi
+  __device__ __forceinline__ float operator()(float dot, int64_t pos, int64_t j) const {
+    float s = dot * scale;
+    if (softcap > 0.f) s = softcap * tanhf(s / softcap);
+    if (slope != 0.f) s -= slope * float(pos > j ? pos - j : j - pos);
+    return s;
+  }
+  // d score / d (scale * dot): the softcap's tanh derivative (ALiBi is additive).
+  __device__ __forceinline__ float grad(float dot) const {
+    if (softcap <= 0.f) return 1.f;
+    const float t = tanhf(dot * scale / softcap);
+    return 1.f - t * t;
+  }
+};
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+}  // namespace xla_attn
