@@ -64,6 +64,7 @@ DTYPES = {
 MODULES = (
     Module("cache_write_portable", "cache/write_portable.cuh", min_arch=70),
     Module("flash_fwd_portable", "flash/fwd_portable.cuh", min_arch=70),
+    Module("flash_bwd_portable", "flash/bwd_portable.cuh", min_arch=70),
 )
 
 # Head-dim buckets of the portable family (kernels/flash/portable_tiles.h): the
@@ -114,4 +115,18 @@ def _flash_fwd_variants():
             features=ALL_FEATURES, threads=128)
 
 
-VARIANTS = tuple(_cache_write_variants()) + tuple(_flash_fwd_variants())
+def _flash_bwd_variants():
+    # Two kernels per (dtype, head-dim bucket): 2 x 3 x 4 = 24.
+    for kind, dt, (lo, hi) in itertools.product(("dq", "dkdv"), ("f16", "bf16", "f32"),
+                                                HEAD_BUCKETS):
+        yield Variant(
+            op=f"flash_bwd_{kind}", family="portable", module="flash_bwd_portable",
+            kernel=f"xla_attn_flash_bwd_{kind}_portable_{dt}_d{hi}",
+            template=f"xla_attn::flash_bwd_{kind}_portable<{DTYPES[dt][1]}, {hi}>",
+            params="xla_attn_flash_bwd_params", dtype0=dt, dtype1=dt, head_dim_min=lo,
+            head_dim_max=hi, features=ALL_FEATURES & ~FEATURES["paged"] & ~FEATURES["fp8"],
+            threads=128)
+
+
+VARIANTS = (tuple(_cache_write_variants()) + tuple(_flash_fwd_variants())
+            + tuple(_flash_bwd_variants()))

@@ -81,8 +81,18 @@ std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t st
 }
 
 std::string launch_cuda(const xla_attn_flash_bwd_params& p, cudaStream_t stream) {
-  dispatch::Query q{"flash_bwd", p.dtype, p.dtype, p.head_dim, features_of(p), 0};
-  return dispatch::launch(q, dim3(1), 0, stream, &p);
+  if (p.batch + 1 > 65535) return "flash_bwd: at most 65534 sequences per call";
+  if (p.total_q == 0 && p.total_k == 0) return "";
+  const int block = portable::bwd_block_m(portable::head_bucket(p.head_dim));
+  const unsigned f = features_of(p);
+  // dq: (query tiles, heads, batch + padding block); dk/dv: (key tiles, kv heads, ...).
+  const dim3 dq_grid((std::max(p.max_seqlen_q, 1) + block - 1) / block, p.num_heads, p.batch + 1);
+  const dim3 dkdv_grid((std::max(p.max_seqlen_k, 1) + block - 1) / block, p.num_heads_k,
+                       p.batch + 1);
+  const dispatch::Query dq{"flash_bwd_dq", p.dtype, p.dtype, p.head_dim, f, 0};
+  const dispatch::Query dkdv{"flash_bwd_dkdv", p.dtype, p.dtype, p.head_dim, f, 0};
+  std::string error = dispatch::launch(dq, dq_grid, 0, stream, &p);
+  return error.empty() ? dispatch::launch(dkdv, dkdv_grid, 0, stream, &p) : error;
 }
 
 }  // namespace xla_attn
