@@ -1,0 +1,180 @@
+"""Flash attention (forward, backward, paged KV) and paged attention on the CUDA device
+through JAX, for every kernel family the build has (XLA_ATTN_FORCE_FAMILY), against
+the float64 reference: dtypes x head dims x features, padding, empty sequences,
+split-KV. Skipped where jax sees no GPU."""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import reference as ref  # noqa: E402
+from xla_attn import jax as xj  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+FAMILIES = ["portable"]
+DTYPES = ["float32", "float16", "bfloat16"]
+HEAD_DIMS = [32, 64, 80, 128, 256]
+FEATURES = {
+    "plain": {},
+    "causal": dict(causal=True),
+    "window": dict(window_size=(13, 4)),
+    "causal_window_softcap": dict(causal=True, window_size=(20, -1), softcap=3.0),
+    "alibi": dict(causal=True, alibi="heads"),
+    "alibi_batch": dict(alibi="batch"),
+}
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request, monkeypatch):
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", request.param)
+    return request.param
+
+
+def _on(device, *arrays):
+    return [None if a is None else jax.device_put(jnp.asarray(a), device) for a in arrays]
+
+
+def _feature_kwargs(rng, mk, name, heads, batch):
+    kw = dict(FEATURES[name])
+    which = kw.pop("alibi", None)
+    if which == "heads":
+        kw["alibi_slopes"] = mk.alibi(rng, heads)
+    elif which == "batch":
+        kw["alibi_slopes"] = mk.alibi(rng, batch, heads)
+    return kw
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_flash_forward(family, gpu_device, rng, mk, dtype, head_dim, feature):
+    lens_q, lens_k = [37, 1, 0, 70, 5], [50, 9, 4, 70, 3]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=6, heads_k=2,
+                                           head_dim=head_dim, pad_q=3)
+    kw = _feature_kwargs(rng, mk, feature, 6, len(lens_q))
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, **kw)
+    args = _on(gpu_device, q, k, v, cu_q, cu_k)
+    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
+              for key, val in kw.items()}
+    out, lse = jax.jit(lambda *a: xj.flash_attn_varlen(*a, max(lens_q), max(lens_k),
+                                                       return_softmax_lse=True, **kw_dev))(*args)
+    ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_flash_forward_paged(family, gpu_device, rng, mk, dtype, block_size):
+    lens_q, lens_k = [5, 1, 40], [77, 16, 40]
+    q = mk.random_array(rng, (sum(lens_q) + 2, 8, 128), dtype)
+    k, v, table = mk.paged_kv(rng, dtype, lens_k, block_size, heads_k=2, head_dim=128)
+    cu_q, cu_k = mk.cu_seqlens(lens_q), mk.cu_seqlens(lens_k)
+    seqused = np.array([70, 16, 33], np.int32)
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, causal=True,
+                                                 seqused_k=seqused, block_table=table)
+    args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused, table)
+    out, lse = jax.jit(lambda q, k, v, cq, ck, su, bt: xj.flash_attn_varlen(
+        q, k, v, cq, ck, 40, 77, causal=True, seqused_k=su, block_table=bt,
+        return_softmax_lse=True))(*args)
+    ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
+
+
+def test_flash_forward_fp8(family, gpu_device, rng, mk):
+    lens = [33, 64]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float8_e4m3fn", lens, lens, heads=4, heads_k=4,
+                                           head_dim=64)
+    qd, kd, vd = (np.float32(s) for s in (0.5, 0.25, 2.0))
+    exp_out, _ = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, causal=True, q_descale=qd,
+                                           k_descale=kd, v_descale=vd)
+    args = _on(gpu_device, q, k, v, cu_q, cu_k, qd, kd, vd)
+    out = jax.jit(lambda q, k, v, cq, ck, a, b, c: xj.flash_attn_varlen(
+        q, k, v, cq, ck, 64, 64, causal=True, q_descale=a, k_descale=b, v_descale=c))(*args)
+    assert out.dtype == jnp.bfloat16
+    ref.assert_attention_close(out, exp_out, "bfloat16")
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal", "causal_window_softcap", "alibi_batch"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_flash_backward(family, gpu_device, rng, mk, dtype, head_dim, feature):
+    lens_q, lens_k = [29, 0, 48, 3], [40, 6, 48, 1]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=4, heads_k=2,
+                                           head_dim=head_dim, pad_q=2, pad_k=3)
+    dout = mk.random_array(rng, q.shape, dtype)
+    kw = _feature_kwargs(rng, mk, feature, 4, len(lens_q))
+    exp = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, None, **kw)
+    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
+              for key, val in kw.items()}
+
+    def grads(q, k, v, cq, ck, do):
+        f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cq, ck, 48, 48, **kw_dev)  # noqa: E731
+        return jax.vjp(f, q, k, v)[1](do)
+
+    got = jax.jit(grads)(*_on(gpu_device, q, k, v, cu_q, cu_k, dout))
+    for name, g, e in zip(("dq", "dk", "dv"), got, exp):
+        err = ref.rel_error(g, e)
+        assert err < ref.BOUNDS[dtype], f"{name}: {err:.3g}"
+    # Padding rows of dq and keys outside every sequence: exactly zero.
+    assert np.all(np.asarray(got[0], np.float64)[cu_q[-1]:] == 0)
+    assert np.all(np.asarray(got[1], np.float64)[cu_k[-1]:] == 0)
+
+
+@pytest.mark.parametrize("cache", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "uint8-fp8_e4m3"])
+def test_paged_attention_decode(family, gpu_device, rng, mk, cache):
+    heads, heads_k, dim, block_size = 8, 2, 128, 16
+    seq_lens = np.array([300, 1, 64, 17, 999], np.int32)
+    q_lens = np.array([1, 1, 4, 2, 1], np.int32)
+    qsl = mk.cu_seqlens(q_lens)
+    storage, fmt = (cache.split("-") + ["auto"])[:2]
+    cache_dtype = "float8_e4m3fn" if storage == "uint8" else storage
+    k, v, table = mk.paged_kv(rng, "float32", seq_lens, block_size, heads_k=heads_k, head_dim=dim)
+    k, v = k.astype(mk.np_dtype(cache_dtype)), v.astype(mk.np_dtype(cache_dtype))
+    if storage == "uint8":
+        k, v = k.view(np.uint8), v.view(np.uint8)
+    query = mk.random_array(rng, (int(qsl[-1]) + 3, heads, dim), "bfloat16")
+    ks, vs = np.float32(0.5), np.float32(1.5)
+    num_seqs = np.array(4, np.int32)  # the last row of the padded batch is not real
+    exp = ref.paged_attention_ref(query, k, v, seq_lens, table, qsl, 0.1, sliding_window=200,
+                                  soft_cap=20.0, k_scale=ks, v_scale=vs, num_seqs=num_seqs,
+                                  kv_cache_dtype=fmt)
+    args = _on(gpu_device, query, k, v, seq_lens, table, qsl, ks, vs, num_seqs)
+    out = jax.jit(lambda q, k, v, sl, bt, qs, a, b, n: xj.paged_attention(
+        q, k, v, sl, bt, qs, 0.1, sliding_window=200, soft_cap=20.0, k_scale=a, v_scale=b,
+        num_seqs=n, kv_cache_dtype=fmt))(*args)
+    ref.assert_attention_close(out, exp, "bfloat16", valid_rows=int(qsl[4]))
+
+
+def test_split_kv_long_context(family, gpu_device, rng, mk):
+    """Few (row, head) blocks over long keys: the forward splits the keys across
+    blocks and merges the partials (flash-decoding). Same result as the reference."""
+    lens_q, lens_k = [1, 3], [20000, 9000]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "bfloat16", lens_q, lens_k, heads=2, heads_k=1,
+                                           head_dim=128)
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, causal=True)
+    out, lse = jax.jit(lambda *a: xj.flash_attn_varlen(*a, 3, 20000, causal=True,
+                                                       return_softmax_lse=True))(
+        *_on(gpu_device, q, k, v, cu_q, cu_k))
+    ref.assert_attention_close(out, exp_out, "bfloat16", lse, exp_lse)
+
+
+def test_hostile_indices_stay_in_bounds(family, gpu_device, rng, mk):
+    """cu_seqlens and block tables are device data: garbage in them must not crash
+    or read out of bounds (run under compute-sanitizer memcheck in the GPU pass)."""
+    q, k, v, _, _ = mk.varlen_inputs(rng, "bfloat16", [8, 8], [8, 8], heads=2, heads_k=2,
+                                     head_dim=64)
+    cu_q = np.array([0, 2**31 - 1, -5], np.int32)
+    cu_k = np.array([-(2**31), 7, 2**30], np.int32)
+    out = jax.jit(lambda *a: xj.flash_attn_varlen(*a, 8, 8))(*_on(gpu_device, q, k, v, cu_q, cu_k))
+    jax.block_until_ready(out)
+    kc, vc, table = mk.paged_kv(rng, "bfloat16", [40], 16, heads_k=2, head_dim=64)
+    table[0, :] = rng.choice(np.array([-1, 10**6, 2**31 - 1, 0], np.int32), table.shape[1])
+    out = jax.jit(lambda q, kc, vc, sl, bt, qs: xj.paged_attention(q, kc, vc, sl, bt, qs, 0.1))(
+        *_on(gpu_device, q[:4], kc, vc, np.array([2**31 - 1], np.int32), table,
+             np.array([0, 2**30], np.int32)))
+    assert np.isfinite(np.asarray(out, np.float32)).all()
