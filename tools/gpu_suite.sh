@@ -1,25 +1,44 @@
 #!/usr/bin/env bash
 # The GPU pass in one command, for a machine with an NVIDIA GPU, a CUDA-enabled jax
-# and compute-sanitizer: install a built wheel, then info, check, the GPU tests,
-# memcheck over the GPU kernels, and the benchmark. Logs go to OUT_DIR.
-#   tools/gpu_suite.sh dist/xla_attn_cu12-*.whl OUT_DIR
+# (and torch, for its frontend) and compute-sanitizer: install a built wheel, then
+# info, check, the GPU tests, memcheck and racecheck over our kernels, and the
+# benchmark. Logs go to OUT_DIR.
+#   tools/gpu_suite.sh dist/xla_attn_cu12-*.whl OUT_DIR [STEPS]
+# STEPS: any of info,check,tests,memcheck,racecheck,bench (default: all).
 set -uo pipefail
 wheel=$1
 out=${2:-gpu-results}
+steps=${3:-info,check,tests,memcheck,racecheck,bench}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 site=$(mktemp -d)
 python3 -m pip install -q --no-deps --no-index --target "$site" "$wheel" || exit 1
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 status=0
-step() { echo "=== $1"; shift; "$@" 2>&1 | tee -a "$out/log.txt"; status=$((status | PIPESTATUS[0])); }
+want() { [[ ",$steps," == *",$1,"* ]]; }
+step() {
+  local name=$1; shift
+  want "$name" || return 0
+  echo "=== $name: $*" | tee -a "$out/log.txt"
+  local t0=$SECONDS
+  "$@" > "$out/$name.txt" 2>&1
+  local rc=$?
+  tail -n 25 "$out/$name.txt" | tee -a "$out/log.txt"
+  echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$out/log.txt"
+  status=$((status | rc))
+}
+# A subset that touches every kernel (and hostile indices) while staying quick
+# under the sanitizers, which slow kernels down 10-100x.
+subset='hostile or split or decode or (forward and bfloat16 and causal_window_softcap) or (backward and bfloat16) or (cache and small)'
+sanitize=(compute-sanitizer --kernel-name kns=xla_attn --error-exitcode 9 --print-limit 20)
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 step info python3 -m xla_attn info
 step check python3 -m xla_attn check
-step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/gpu
-step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
-  python3 -m pytest -q -p no:cacheprovider tests/gpu -k "not slow"
+step tests python3 -m pytest -q -p no:cacheprovider -x -rs tests/gpu
+step memcheck "${sanitize[@]}" --tool memcheck python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$subset"
+step racecheck "${sanitize[@]}" --tool racecheck --racecheck-report analysis \
+  python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$subset and not cache"
 step bench python3 tools/bench.py --json "$out/bench.json"
 echo "gpu suite status: $status"
 exit $status
