@@ -35,7 +35,7 @@ sanitize=(compute-sanitizer --kernel-name kns=xla_attn --error-exitcode 9 --prin
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 step info python3 -m xla_attn info
 step check python3 -m xla_attn check
-step tests python3 -m pytest -q -p no:cacheprovider -x -rs tests/gpu
+step tests python3 -m pytest -q -p no:cacheprovider --maxfail=30 -rs tests/gpu
 step memcheck "${sanitize[@]}" --tool memcheck python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$subset"
 step racecheck "${sanitize[@]}" --tool racecheck --racecheck-report analysis \
   python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$subset and not cache"
