@@ -183,7 +183,8 @@ def test_native_check_rejects_what_python_cannot_see():
     xj._register()
     call = jax.ffi.ffi_call("xla_attn_flash_fwd_v1",
                             (jax.ShapeDtypeStruct(a["q"].shape, jnp.float32),
-                             jax.ShapeDtypeStruct((4, 10), jnp.float32)), vmap_method="sequential")
+                             jax.ShapeDtypeStruct((4, 10), jnp.float32),
+                             jax.ShapeDtypeStruct((0,), jnp.uint8)), vmap_method="sequential")
     empty_i, empty_f = jnp.zeros((0,), jnp.int32), jnp.zeros((0,), jnp.float32)
     with pytest.raises(Exception, match="flash_fwd: window sizes must be >= -1"):
         jax.block_until_ready(call(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],

@@ -90,6 +90,32 @@ size_t xla_attn_workspace_size(const char* op, const void* params) {
   return 0;
 }
 
+size_t xla_attn_flash_fwd_workspace_size(int64_t total_q, int32_t batch, int32_t num_heads,
+                                         int32_t head_dim, int32_t max_seqlen_q,
+                                         int32_t max_seqlen_k) {
+  xla_attn_flash_fwd_params p{};
+  p.total_q = total_q;
+  p.batch = batch;
+  p.num_heads = num_heads;
+  p.head_dim = head_dim;
+  p.max_seqlen_q = max_seqlen_q;
+  p.max_seqlen_k = max_seqlen_k;
+  return num_heads > 0 && head_dim > 0 ? xla_attn::workspace_size(p) : 0;
+}
+
+size_t xla_attn_paged_attention_workspace_size(int64_t total_q, int32_t max_num_seqs,
+                                               int32_t num_heads, int32_t head_dim,
+                                               int32_t max_blocks_per_seq, int32_t block_size) {
+  xla_attn_paged_attention_params p{};
+  p.total_q = total_q;
+  p.max_num_seqs = max_num_seqs;
+  p.num_heads = num_heads;
+  p.head_dim = head_dim;
+  p.max_blocks_per_seq = max_blocks_per_seq;
+  p.block_size = block_size;
+  return num_heads > 0 && head_dim > 0 ? xla_attn::workspace_size(p) : 0;
+}
+
 size_t xla_attn_params_size(const char* op) {
   if (!op) return 0;
   const std::string name(op);

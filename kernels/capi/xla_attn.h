@@ -37,6 +37,16 @@ XLA_ATTN_EXPORT int xla_attn_select_variant(const char* op, int dtype0, int dtyp
  * caller allocates it and sets params->workspace / workspace_bytes. The Host path
  * needs none. */
 XLA_ATTN_EXPORT size_t xla_attn_workspace_size(const char* op, const void* params);
+/* The same from shapes alone, for frontends that size the workspace when they trace
+ * (the JAX frontend passes it as the custom call's `workspace` result). */
+XLA_ATTN_EXPORT size_t xla_attn_flash_fwd_workspace_size(int64_t total_q, int32_t batch,
+                                                         int32_t num_heads, int32_t head_dim,
+                                                         int32_t max_seqlen_q, int32_t max_seqlen_k);
+XLA_ATTN_EXPORT size_t xla_attn_paged_attention_workspace_size(int64_t total_q,
+                                                               int32_t max_num_seqs,
+                                                               int32_t num_heads, int32_t head_dim,
+                                                               int32_t max_blocks_per_seq,
+                                                               int32_t block_size);
 /* sizeof the params struct of `op` (flash_fwd, flash_bwd, paged_attention, cache_write),
  * or 0: lets bindings that mirror the structs (ctypes) check their layout. */
 XLA_ATTN_EXPORT size_t xla_attn_params_size(const char* op);

@@ -20,7 +20,7 @@ std::string carry_over(int platform, cudaStream_t stream, const ffi::AnyBuffer& 
   return st == cudaSuccess ? "" : std::string("xla_attn: cache copy failed: ") + cudaGetErrorString(st);
 }
 
-ffi::Error CacheWrite(cudaStream_t stream, ffi::ScratchAllocator* scratch, int platform, ffi::AnyBuffer key, ffi::AnyBuffer value,
+ffi::Error CacheWrite(cudaStream_t stream, int platform, ffi::AnyBuffer key, ffi::AnyBuffer value,
                       ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
                       ffi::AnyBuffer slot_mapping, ffi::AnyBuffer k_scale, ffi::AnyBuffer v_scale,
                       ffi::Result<ffi::AnyBuffer> key_cache_out,
@@ -76,7 +76,7 @@ ffi::Error CacheWrite(cudaStream_t stream, ffi::ScratchAllocator* scratch, int p
   if (error.empty()) error = carry_over(platform, stream, key_cache, p.key_cache);
   if (error.empty()) error = carry_over(platform, stream, value_cache, p.value_cache);
   if (!error.empty()) return to_error(error);
-  return run_with_workspace(p, platform, stream, scratch);
+  return run_with_workspace(p, platform, stream, nullptr);
 }
 
 template <typename B>

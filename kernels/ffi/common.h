@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <type_traits>
 
 #include "common/checks.h"
 #include "common/op.h"
@@ -51,51 +52,40 @@ inline xla_attn_dtype cache_format(std::string_view name, xla_attn_dtype stored)
   return -1;
 }
 
-template <typename Params>
-void set_workspace(Params& p, void* memory, size_t bytes) {
-  p.workspace = memory;
-  p.workspace_bytes = static_cast<int64_t>(bytes);
-}
-inline void set_workspace(xla_attn_cache_write_params&, void*, size_t) {}  // never needs one
-
-// validate -> (CUDA) allocate the workspace the kernels ask for from XLA -> run.
+// The workspace a CUDA kernel needs is an extra result of the custom call, sized by
+// the frontend with xla_attn_*_workspace_size() (XLA's own allocator then owns it,
+// and the call stays capturable in a command buffer). Too small is an error, never
+// an out-of-bounds write.
 template <typename Params>
 ffi::Error run_with_workspace(Params& p, int platform, cudaStream_t stream,
-                              ffi::ScratchAllocator* scratch) {
+                              ffi::AnyBuffer* workspace) {
   std::string error = validate(p);
   if (!error.empty()) return to_error(error);
-  if (platform == XLA_ATTN_CUDA) {
-    const size_t bytes = workspace_size(p);
-    if (bytes) {
-      std::optional<void*> memory = scratch->Allocate(bytes, 256);
-      if (!memory.has_value()) {
-        return to_error("xla_attn: cannot allocate " + std::to_string(bytes) +
-                        " bytes of device workspace");
-      }
-      set_workspace(p, *memory, bytes);
+  if constexpr (!std::is_same_v<Params, xla_attn_cache_write_params>) {
+    if (platform == XLA_ATTN_CUDA && workspace) {
+      p.workspace = workspace->untyped_data();
+      p.workspace_bytes = static_cast<int64_t>(workspace->size_bytes());
     }
   }
   return to_error(run(p, platform, stream));
 }
 
-// Host handlers have no stream or scratch; both platforms share one body taking
-// (stream, scratch, platform, ...). Written out rather than through XLA_FFI_DEFINE_HANDLER_SYMBOL,
+// Host handlers have no stream; both platforms share one body taking (stream,
+// platform, ...). Written out rather than through XLA_FFI_DEFINE_HANDLER_SYMBOL,
 // which needs a plain function per platform.
 #define XLA_ATTN_DEFINE_HANDLERS(HostName, CudaName, Body, Signature)                   \
   extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* HostName(XLA_FFI_CallFrame* call_frame) {                   \
     static auto* handler =                                                              \
         Signature(::xla::ffi::Ffi::Bind())                                              \
-            .To([](auto... args) { return Body(nullptr, nullptr, XLA_ATTN_HOST, args...); })     \
+            .To([](auto... args) { return Body(nullptr, XLA_ATTN_HOST, args...); })     \
             .release();                                                                 \
     return handler->Call(call_frame);                                                   \
   }                                                                                     \
   extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* CudaName(XLA_FFI_CallFrame* call_frame) {                   \
     static auto* handler =                                                              \
-        Signature(::xla::ffi::Ffi::Bind()                                               \
-                      .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()                  \
-                      .Ctx<::xla::ffi::ScratchAllocator>())                             \
-            .To([](cudaStream_t stream, ::xla::ffi::ScratchAllocator scratch, auto... args) { \
-              return Body(stream, &scratch, XLA_ATTN_CUDA, args...);                    \
+        Signature(::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()) \
+            .To([](cudaStream_t stream, auto... args) {                                 \
+              return Body(stream, XLA_ATTN_CUDA, args...);                              \
             })                                                                          \
             .release();                                                                 \
     return handler->Call(call_frame);                                                   \

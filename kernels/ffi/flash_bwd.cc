@@ -4,7 +4,7 @@
 namespace xla_attn::ffi_glue {
 namespace {
 
-ffi::Error FlashBwd(cudaStream_t stream, ffi::ScratchAllocator* scratch, int platform, ffi::AnyBuffer dout, ffi::AnyBuffer q,
+ffi::Error FlashBwd(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi::AnyBuffer q,
                     ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                     ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
                     ffi::AnyBuffer seqused_k, ffi::AnyBuffer alibi, ffi::Result<ffi::AnyBuffer> dq,
@@ -78,7 +78,7 @@ ffi::Error FlashBwd(cudaStream_t stream, ffi::ScratchAllocator* scratch, int pla
   p.softmax_scale = softmax_scale;
   p.softcap = softcap;
   p.dtype = dtype;
-  return run_with_workspace(p, platform, stream, scratch);
+  return run_with_workspace(p, platform, stream, nullptr);
 }
 
 template <typename B>

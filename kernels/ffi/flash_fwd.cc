@@ -4,11 +4,12 @@
 namespace xla_attn::ffi_glue {
 namespace {
 
-ffi::Error FlashFwd(cudaStream_t stream, ffi::ScratchAllocator* scratch, int platform, ffi::AnyBuffer q, ffi::AnyBuffer k,
+ffi::Error FlashFwd(cudaStream_t stream, int platform, ffi::AnyBuffer q, ffi::AnyBuffer k,
                     ffi::AnyBuffer v, ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
                     ffi::AnyBuffer seqused_k, ffi::AnyBuffer block_table, ffi::AnyBuffer alibi,
                     ffi::AnyBuffer q_descale, ffi::AnyBuffer k_descale, ffi::AnyBuffer v_descale,
                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                    ffi::Result<ffi::AnyBuffer> workspace,
                     float softmax_scale, float softcap, int64_t window_left, int64_t window_right,
                     int64_t max_seqlen_q, int64_t max_seqlen_k) {
   Checker c("xla_attn_flash_fwd_v1");
@@ -88,7 +89,7 @@ ffi::Error FlashFwd(cudaStream_t stream, ffi::ScratchAllocator* scratch, int pla
   p.q_dtype = to_dtype(q.element_type());
   p.kv_dtype = to_dtype(k.element_type());
   p.out_dtype = to_dtype(out->element_type());
-  return run_with_workspace(p, platform, stream, scratch);
+  return run_with_workspace(p, platform, stream, &*workspace);
 }
 
 template <typename B>
@@ -106,6 +107,7 @@ auto Signature(B binding) {
       .template Arg<ffi::AnyBuffer>()            // v_descale
       .template Ret<ffi::AnyBuffer>()            // out
       .template Ret<ffi::AnyBuffer>()            // softmax_lse
+      .template Ret<ffi::AnyBuffer>()            // workspace (u8, xla_attn_flash_fwd_workspace_size)
       .template Attr<float>("softmax_scale")
       .template Attr<float>("softcap")
       .template Attr<int64_t>("window_left")

@@ -4,12 +4,13 @@
 namespace xla_attn::ffi_glue {
 namespace {
 
-ffi::Error PagedAttention(cudaStream_t stream, ffi::ScratchAllocator* scratch, int platform, ffi::AnyBuffer query,
+ffi::Error PagedAttention(cudaStream_t stream, int platform, ffi::AnyBuffer query,
                           ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
                           ffi::AnyBuffer seq_lens, ffi::AnyBuffer block_tables,
                           ffi::AnyBuffer query_start_loc, ffi::AnyBuffer num_seqs,
                           ffi::AnyBuffer k_scale, ffi::AnyBuffer v_scale,
-                          ffi::Result<ffi::AnyBuffer> out, float scale, float soft_cap,
+                          ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Result<ffi::AnyBuffer> workspace, float scale, float soft_cap,
                           int64_t sliding_window, std::string_view kv_cache_dtype) {
   Checker c("xla_attn_paged_attention_v1");
   c.expect(rank(query) == 3, "query must be [total_q, num_heads, head_dim]")
@@ -68,7 +69,7 @@ ffi::Error PagedAttention(cudaStream_t stream, ffi::ScratchAllocator* scratch, i
   p.soft_cap = soft_cap;
   p.q_dtype = to_dtype(query.element_type());
   p.cache_dtype = format;
-  return run_with_workspace(p, platform, stream, scratch);
+  return run_with_workspace(p, platform, stream, &*workspace);
 }
 
 template <typename B>
@@ -83,6 +84,7 @@ auto Signature(B binding) {
       .template Arg<ffi::AnyBuffer>()            // k_scale
       .template Arg<ffi::AnyBuffer>()            // v_scale
       .template Ret<ffi::AnyBuffer>()            // out
+      .template Ret<ffi::AnyBuffer>()            // workspace (u8, xla_attn_paged_attention_workspace_size)
       .template Attr<float>("scale")
       .template Attr<float>("soft_cap")
       .template Attr<int64_t>("sliding_window")

@@ -18,15 +18,6 @@ unsigned features_of(const P& p) {
   return f;
 }
 
-int sm_count() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return 1;
-  }
-  return count;
-}
-
 // Grid of the forward: (row blocks x splits, heads, batch + 1 padding block).
 struct FwdPlan {
   int row_blocks;
@@ -41,9 +32,15 @@ FwdPlan plan(const xla_attn_flash_fwd_params& p) {
   if (p.num_splits > 0) {
     plan.splits = std::min(p.num_splits, portable::kMaxSplits);
   } else {
-    // Split the keys only when the grid cannot fill the GPU by itself.
-    const int64_t blocks = int64_t(plan.row_blocks) * p.num_heads * std::max(p.batch, 1);
-    const int64_t want = (int64_t(portable::kBlocksPerSm) * sm_count() + blocks - 1) / blocks;
+    // Split the keys only when the grid cannot fill the GPU by itself. The plan
+    // depends on shapes alone (frontends size the workspace at trace time), so the
+    // row blocks that do work are estimated from the mean query count per sequence.
+    const int64_t rows = std::min<int64_t>(p.max_seqlen_q, (p.total_q + std::max(p.batch, 1) - 1) /
+                                                               std::max(p.batch, 1));
+    const int64_t useful = std::max<int64_t>(1, (rows + portable::fwd_block_m(d) - 1) /
+                                                    portable::fwd_block_m(d));
+    const int64_t blocks = useful * p.num_heads * std::max(p.batch, 1);
+    const int64_t want = (portable::kTargetBlocks + blocks - 1) / blocks;
     const int64_t by_keys = std::max(1, p.max_seqlen_k / portable::kMinKeysPerSplit);
     plan.splits = int(std::clamp<int64_t>(std::min(want, by_keys), 1, portable::kMaxSplits));
   }

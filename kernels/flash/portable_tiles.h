@@ -27,9 +27,12 @@ XLA_ATTN_HOST_DEVICE constexpr int bwd_block_m(int d) { return kWarps * bwd_rows
 
 // Split-KV (flash-decoding): partials are combined by flash_combine. At most 64
 // splits, each at least 256 keys (8 tiles of 32), and only as many as it takes to
-// give every SM 4 resident blocks (the portable kernel fits ~5 per SM at 41 KB).
+// reach 528 blocks: 4 resident blocks (the portable kernel fits ~5 per SM at 41 KB)
+// on each of an H100's 132 SMs. The target is a constant, not read off the device,
+// so that the workspace size is a function of shapes alone; a smaller GPU merely
+// splits more than it needs to.
 constexpr int kMaxSplits = 64;
 constexpr int kMinKeysPerSplit = 256;
-constexpr int kBlocksPerSm = 4;
+constexpr int kTargetBlocks = 4 * 132;
 
 }  // namespace xla_attn::portable

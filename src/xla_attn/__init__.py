@@ -1,7 +1,8 @@
 """xla_attn: flash attention, paged attention and KV-cache kernels as XLA custom calls.
 
-The top-level functions take jax arrays (or numpy arrays, run through JAX) and route
-to the matching frontend; `xla_attn.jax` can also be used directly.
+The top-level functions take jax arrays (or numpy arrays, run through JAX) or torch
+tensors on CPU or CUDA and route to the matching frontend; `xla_attn.jax` and
+`xla_attn.torch` can also be used directly.
 """
 
 from __future__ import annotations
@@ -13,9 +14,19 @@ __all__ = ["flash_attn_varlen", "flash_attn", "paged_attention", "reshape_and_ca
 def _frontend(op: str, first):
     module = type(first).__module__ or ""
     if module.startswith("torch"):
+        device = getattr(getattr(first, "device", None), "type", None)
+        if device in ("cpu", "cuda", "meta"):
+            from xla_attn import torch as frontend
+
+            return frontend
+        if device == "xla":
+            raise NotImplementedError(
+                f"xla_attn.{op}: torch tensors on an XLA device need the xla_attn.torch_xla "
+                "frontend, which this release does not include yet; use CPU or CUDA tensors "
+                "(xla_attn.torch) or jax arrays")
         raise NotImplementedError(
-            f"xla_attn.{op}: torch tensors need the xla_attn.torch / xla_attn.torch_xla frontend, "
-            "which this release does not include yet; pass jax arrays")
+            f"xla_attn.{op}: torch tensors on device type {device!r} are not supported; "
+            "xla_attn.torch takes CPU and CUDA tensors")
     if module.startswith(("jax", "jaxlib", "numpy")):
         from xla_attn import jax as frontend
 

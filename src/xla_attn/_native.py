@@ -39,6 +39,11 @@ def lib() -> ctypes.CDLL:
         ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint, ctypes.c_int,
         ctypes.c_char_p, ctypes.c_size_t]
     handle.xla_attn_device_arch.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    i32, i64 = ctypes.c_int32, ctypes.c_int64
+    handle.xla_attn_flash_fwd_workspace_size.argtypes = [i64, i32, i32, i32, i32, i32]
+    handle.xla_attn_flash_fwd_workspace_size.restype = ctypes.c_size_t
+    handle.xla_attn_paged_attention_workspace_size.argtypes = [i64, i32, i32, i32, i32, i32]
+    handle.xla_attn_paged_attention_workspace_size.restype = ctypes.c_size_t
     abi = handle.xla_attn_abi_version()
     if abi != ABI_VERSION:
         raise ImportError(f"xla_attn: native library {path} has C ABI {abi}, this package needs "
@@ -60,6 +65,21 @@ def select_variant(op: str, dtype0: str, dtype1: str, head_dim: int, arch: int,
     if status:
         raise RuntimeError(out.value.decode())
     return out.value.decode()
+
+
+def flash_fwd_workspace_size(total_q: int, batch: int, num_heads: int, head_dim: int,
+                             max_seqlen_q: int, max_seqlen_k: int) -> int:
+    """Bytes of the `workspace` result of xla_attn_flash_fwd_v1 (split-KV partials)."""
+    return lib().xla_attn_flash_fwd_workspace_size(total_q, batch, num_heads, head_dim,
+                                                   min(max_seqlen_q, 2**31 - 1),
+                                                   min(max_seqlen_k, 2**31 - 1))
+
+
+def paged_attention_workspace_size(total_q: int, max_num_seqs: int, num_heads: int,
+                                   head_dim: int, max_blocks_per_seq: int, block_size: int) -> int:
+    """Bytes of the `workspace` result of xla_attn_paged_attention_v1."""
+    return lib().xla_attn_paged_attention_workspace_size(total_q, max_num_seqs, num_heads,
+                                                         head_dim, max_blocks_per_seq, block_size)
 
 
 def device_arch() -> tuple[int, str]:

@@ -41,14 +41,18 @@ def _or_absent(x, dtype):
 # ---------------------------------------------------------------- flash attention
 def _flash_fwd(spec: _ops.FlashSpec, q, k, v, cu_q, cu_k, seqused_k, block_table, alibi,
                q_descale=None, k_descale=None, v_descale=None):
-    num_heads = q.shape[1]
+    total_q, num_heads, head_dim = q.shape
+    workspace = _native.flash_fwd_workspace_size(total_q, cu_q.shape[0] - 1, num_heads, head_dim,
+                                                 spec.max_seqlen_q, spec.max_seqlen_k)
     results = (jax.ShapeDtypeStruct(q.shape, jnp.dtype(spec.out_dtype)),
-               jax.ShapeDtypeStruct((num_heads, q.shape[0]), jnp.float32))
-    return _call("xla_attn_flash_fwd_v1", results, q, k, v, cu_q, cu_k,
-                 _or_absent(seqused_k, jnp.int32), _or_absent(block_table, jnp.int32),
-                 _or_absent(alibi, jnp.float32), _or_absent(q_descale, jnp.float32),
-                 _or_absent(k_descale, jnp.float32), _or_absent(v_descale, jnp.float32),
-                 **spec.attributes())
+               jax.ShapeDtypeStruct((num_heads, total_q), jnp.float32),
+               jax.ShapeDtypeStruct((workspace,), jnp.uint8))
+    out, lse, _ = _call("xla_attn_flash_fwd_v1", results, q, k, v, cu_q, cu_k,
+                        _or_absent(seqused_k, jnp.int32), _or_absent(block_table, jnp.int32),
+                        _or_absent(alibi, jnp.float32), _or_absent(q_descale, jnp.float32),
+                        _or_absent(k_descale, jnp.float32), _or_absent(v_descale, jnp.float32),
+                        **spec.attributes())
+    return out, lse
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -128,12 +132,17 @@ def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query
                                      query_start_loc, scale, sliding_window, soft_cap, k_scale,
                                      v_scale, num_seqs, kv_cache_dtype)
     query = jnp.asarray(query)
-    results = jax.ShapeDtypeStruct(query.shape, query.dtype)
-    return _call("xla_attn_paged_attention_v1", results, query, jnp.asarray(key_cache),
+    total_q, num_heads, head_dim = query.shape
+    workspace = _native.paged_attention_workspace_size(
+        total_q, seq_lens.shape[0], num_heads, head_dim, block_tables.shape[1], key_cache.shape[1])
+    results = (jax.ShapeDtypeStruct(query.shape, query.dtype),
+               jax.ShapeDtypeStruct((workspace,), jnp.uint8))
+    out, _ = _call("xla_attn_paged_attention_v1", results, query, jnp.asarray(key_cache),
                  jnp.asarray(value_cache), jnp.asarray(seq_lens), jnp.asarray(block_tables),
                  jnp.asarray(query_start_loc), _or_absent(num_seqs, jnp.int32),
-                 _or_absent(k_scale, jnp.float32), _or_absent(v_scale, jnp.float32),
-                 **spec.attributes())
+                   _or_absent(k_scale, jnp.float32), _or_absent(v_scale, jnp.float32),
+                   **spec.attributes())
+    return out
 
 
 # ---------------------------------------------------------------- KV-cache write

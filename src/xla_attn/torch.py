@@ -1,0 +1,338 @@
+"""PyTorch frontend: the ops as `torch.library` custom ops (`torch.ops.xla_attn.*`) whose
+CPU and CUDA implementations fill the params structs and call the C ABI of the one
+native library through ctypes (no torch C++ is compiled, so no torch version is baked
+in). CPU tensors run the Host reference; CUDA tensors run on torch's current stream.
+
+The ops have fake (meta) implementations, so they trace under `torch.compile` without
+graph breaks; `flash_fwd` is differentiable through `flash_bwd`; the cache write
+mutates the caches in place, as vLLM's `reshape_and_cache_flash` does.
+The public functions mirror `xla_attn.jax` name for name and argument for argument."""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from xla_attn import _capi, _ops
+
+__all__ = ["flash_attn_varlen", "flash_attn", "paged_attention", "reshape_and_cache_flash"]
+
+_DEVICES = ("cpu", "cuda")
+_FP8_E4M3 = "float8_e4m3fn"
+
+
+# ---------------------------------------------------------------- plumbing
+def _code(x: Tensor) -> int:
+    return _capi.DTYPE_CODES[_ops.dtype_name(x)]
+
+
+def _ptr(x: Optional[Tensor]) -> int:
+    return 0 if x is None else x.data_ptr()
+
+
+def _dense(x: Optional[Tensor]) -> Optional[Tensor]:
+    """The native code takes dense row-major buffers."""
+    return None if x is None else x.contiguous()
+
+
+def _same_device(op: str, device: torch.device, **tensors) -> None:
+    for name, x in tensors.items():
+        if x is not None and x.device != device:
+            raise ValueError(f"{op}: {name} must be on {device} like the other inputs, "
+                             f"got {x.device}")
+
+
+def _launch(run, params, device: torch.device) -> None:
+    """Runs `params` on the Host, or on `device`'s current torch stream with the
+    workspace the library asks for (freed stream-ordered by torch's allocator)."""
+    if device.type == "cpu":
+        run(params, _capi.HOST)
+        return
+    with torch.cuda.device(device):
+        size = _capi.workspace_size(params)
+        workspace = None
+        if size:
+            workspace = torch.empty(size, dtype=torch.uint8, device=device)
+            params.fill(workspace=workspace.data_ptr(), workspace_bytes=size)
+        run(params, _capi.CUDA, torch.cuda.current_stream(device).cuda_stream)
+        del workspace
+
+
+def _cache_code(op: str, cache: Tensor, kv_cache_dtype: str) -> int:
+    """Storage format of a cache: its own dtype for "auto", else the fp8 format named
+    (a uint8 cache, or a float8 cache of that very format)."""
+    stored = _ops.dtype_name(cache)
+    fmt = _ops.KV_CACHE_DTYPES.get(kv_cache_dtype)
+    if fmt is None:
+        raise ValueError(f"{op}: kv_cache_dtype must be one of "
+                         f"{', '.join(map(repr, _ops.KV_CACHE_DTYPES))}, got {kv_cache_dtype!r}")
+    if fmt == "auto":
+        return _capi.DTYPE_CODES[stored]
+    return _capi.DTYPE_CODES[_ops.FP8_FORMAT_DTYPE[fmt]]
+
+
+# ---------------------------------------------------------------- flash attention ops
+def _flash_out_dtype(q: Tensor) -> torch.dtype:
+    return torch.bfloat16 if _ops.dtype_name(q) == _FP8_E4M3 else q.dtype
+
+
+@torch.library.custom_op("xla_attn::flash_fwd", mutates_args=(), device_types=_DEVICES)
+def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               seqused_k: Optional[Tensor], block_table: Optional[Tensor],
+               alibi_slopes: Optional[Tensor], q_descale: Optional[Tensor],
+               k_descale: Optional[Tensor], v_descale: Optional[Tensor], softmax_scale: float,
+               softcap: float, window_left: int, window_right: int, max_seqlen_q: int,
+               max_seqlen_k: int) -> tuple[Tensor, Tensor]:
+    op = "xla_attn::flash_fwd"
+    _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale, False, (window_left, window_right), softcap,
+                           alibi_slopes, seqused_k, block_table, q_descale, k_descale, v_descale,
+                           op=op)
+    _same_device(op, q.device, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                 seqused_k=seqused_k, block_table=block_table, alibi_slopes=alibi_slopes,
+                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    q, k, v, cu_q, cu_k, used, table, alibi, qd, kd, vd = map(
+        _dense, (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+                 q_descale, k_descale, v_descale))
+    total_q, num_heads, head_dim = q.shape
+    batch = cu_q.shape[0] - 1
+    out = q.new_empty(q.shape, dtype=_flash_out_dtype(q))
+    lse = q.new_empty((num_heads, total_q), dtype=torch.float32)
+    p = _capi.FlashFwdParams().fill(
+        q=_ptr(q), k=_ptr(k), v=_ptr(v), out=_ptr(out), softmax_lse=_ptr(lse),
+        cu_seqlens_q=_ptr(cu_q), cu_seqlens_k=_ptr(cu_k), seqused_k=_ptr(used),
+        block_table=_ptr(table), alibi_slopes=_ptr(alibi), q_descale=_ptr(qd),
+        k_descale=_ptr(kd), v_descale=_ptr(vd), total_q=total_q, batch=batch,
+        num_heads=num_heads, num_heads_k=k.shape[-2], head_dim=head_dim,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        alibi_batch_stride=num_heads if alibi is not None and alibi.dim() == 2 and batch > 1
+        else 0,
+        window_left=window_left, window_right=window_right, softmax_scale=softmax_scale,
+        softcap=softcap, q_dtype=_code(q), kv_dtype=_code(k), out_dtype=_code(out))
+    if table is not None:
+        p.fill(num_blocks=k.shape[0], block_size=k.shape[1], max_blocks_per_seq=table.shape[1],
+               total_k=k.shape[0] * k.shape[1])
+    else:
+        p.fill(total_k=k.shape[0])
+    _launch(_capi.flash_fwd, p, q.device)
+    return out, lse
+
+
+@_flash_fwd.register_fake
+def _flash_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+                    q_descale, k_descale, v_descale, softmax_scale, softcap, window_left,
+                    window_right, max_seqlen_q, max_seqlen_k):
+    return (q.new_empty(q.shape, dtype=_flash_out_dtype(q)),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+@torch.library.custom_op("xla_attn::flash_bwd", mutates_args=(), device_types=_DEVICES)
+def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor],
+               alibi_slopes: Optional[Tensor], softmax_scale: float, softcap: float,
+               window_left: int, window_right: int, max_seqlen_q: int,
+               max_seqlen_k: int) -> tuple[Tensor, Tensor, Tensor]:
+    op = "xla_attn::flash_bwd"
+    _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale, False, (window_left, window_right), softcap,
+                           alibi_slopes, seqused_k, None, None, None, None, op=op)
+    c = _ops._Check(op)
+    dtype = c.dtype("q", q, _ops.FLOAT_DTYPES)
+    for name, x in (("dout", dout), ("out", out)):
+        c.value(_ops.shape(x) == _ops.shape(q), f"{name} must have q's shape {_ops.shape(q)}, "
+                                                f"got {_ops.shape(x)}")
+        c.type(_ops.dtype_name(x) == dtype, f"{name} must have q's dtype {dtype}, "
+                                            f"got {_ops.dtype_name(x)}")
+    lse_shape = (q.shape[1], q.shape[0])
+    c.value(_ops.shape(softmax_lse) == lse_shape, f"softmax_lse must have shape (num_heads, "
+                                                  f"total_q) = {lse_shape}, "
+                                                  f"got {_ops.shape(softmax_lse)}")
+    c.dtype("softmax_lse", softmax_lse, ("float32",))
+    _same_device(op, q.device, dout=dout, k=k, v=v, out=out, softmax_lse=softmax_lse,
+                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+                 alibi_slopes=alibi_slopes)
+    dout, q, k, v, out, lse, cu_q, cu_k, used, alibi = map(
+        _dense, (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                 alibi_slopes))
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    total_q, num_heads, head_dim = q.shape
+    batch = cu_q.shape[0] - 1
+    p = _capi.FlashBwdParams().fill(
+        dout=_ptr(dout), q=_ptr(q), k=_ptr(k), v=_ptr(v), out=_ptr(out), softmax_lse=_ptr(lse),
+        dq=_ptr(dq), dk=_ptr(dk), dv=_ptr(dv), cu_seqlens_q=_ptr(cu_q), cu_seqlens_k=_ptr(cu_k),
+        seqused_k=_ptr(used), alibi_slopes=_ptr(alibi), total_q=total_q, total_k=k.shape[0],
+        batch=batch, num_heads=num_heads, num_heads_k=k.shape[1], head_dim=head_dim,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        alibi_batch_stride=num_heads if alibi is not None and alibi.dim() == 2 and batch > 1
+        else 0,
+        window_left=window_left, window_right=window_right, softmax_scale=softmax_scale,
+        softcap=softcap, dtype=_code(q))
+    _launch(_capi.flash_bwd, p, q.device)
+    return dq, dk, dv
+
+
+@_flash_bwd.register_fake
+def _flash_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                    alibi_slopes, softmax_scale, softcap, window_left, window_right, max_seqlen_q,
+                    max_seqlen_k):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _flash_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, seqused_k, block_table, alibi, _, _, _, *attributes) = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)  # an auxiliary output, as in flash-attn and xla_attn.jax
+    ctx.unsupported = block_table is not None or _ops.dtype_name(q) == _FP8_E4M3
+    ctx.attributes = tuple(attributes)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi)
+
+
+def _flash_backward(ctx, dout, _dlse):
+    if ctx.unsupported:
+        raise NotImplementedError("flash_attn_varlen: gradients are not available with "
+                                  "block_table (paged K/V) or float8_e4m3fn inputs")
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi = ctx.saved_tensors
+    dq, dk, dv = torch.ops.xla_attn.flash_bwd(dout.to(q.dtype), q, k, v, out, lse, cu_q, cu_k,
+                                              seqused_k, alibi, *ctx.attributes)
+    return (dq, dk, dv) + (None,) * 14
+
+
+_flash_fwd.register_autograd(_flash_backward, setup_context=_flash_setup_context)
+
+
+# ---------------------------------------------------------------- paged attention op
+@torch.library.custom_op("xla_attn::paged_attention", mutates_args=(), device_types=_DEVICES)
+def _paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, seq_lens: Tensor,
+                     block_tables: Tensor, query_start_loc: Tensor, num_seqs: Optional[Tensor],
+                     k_scale: Optional[Tensor], v_scale: Optional[Tensor], scale: float,
+                     soft_cap: float, sliding_window: int, kv_cache_dtype: str) -> Tensor:
+    op = "xla_attn::paged_attention"
+    spec = _ops.paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables,
+                                     query_start_loc, scale,
+                                     sliding_window if sliding_window > 0 else None, soft_cap,
+                                     k_scale, v_scale, num_seqs, kv_cache_dtype)
+    _same_device(op, query.device, key_cache=key_cache, value_cache=value_cache,
+                 seq_lens=seq_lens, block_tables=block_tables, query_start_loc=query_start_loc,
+                 num_seqs=num_seqs, k_scale=k_scale, v_scale=v_scale)
+    query, kc, vc, lens, tables, qsl, n, ks, vs = map(
+        _dense, (query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, num_seqs,
+                 k_scale, v_scale))
+    out = query.new_empty(query.shape)
+    total_q, num_heads, head_dim = query.shape
+    p = _capi.PagedAttentionParams().fill(
+        query=_ptr(query), key_cache=_ptr(kc), value_cache=_ptr(vc), out=_ptr(out),
+        seq_lens=_ptr(lens), block_tables=_ptr(tables), query_start_loc=_ptr(qsl),
+        num_seqs=_ptr(n), k_scale=_ptr(ks), v_scale=_ptr(vs), total_q=total_q,
+        max_num_seqs=lens.shape[0], num_heads=num_heads, num_heads_k=kc.shape[2],
+        head_dim=head_dim, num_blocks=kc.shape[0], block_size=kc.shape[1],
+        max_blocks_per_seq=tables.shape[1], sliding_window=spec.sliding_window,
+        scale=spec.scale, soft_cap=spec.soft_cap, q_dtype=_code(query),
+        cache_dtype=_cache_code(op, kc, spec.kv_cache_dtype))
+    _launch(_capi.paged_attention, p, query.device)
+    return out
+
+
+@_paged_attention.register_fake
+def _paged_attention_fake(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
+                          num_seqs, k_scale, v_scale, scale, soft_cap, sliding_window,
+                          kv_cache_dtype):
+    return query.new_empty(query.shape)
+
+
+# ---------------------------------------------------------------- KV-cache write op
+@torch.library.custom_op("xla_attn::reshape_and_cache_flash",
+                         mutates_args=("key_cache", "value_cache"), device_types=_DEVICES)
+def _cache_write(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                 slot_mapping: Tensor, k_scale: Optional[Tensor], v_scale: Optional[Tensor],
+                 kv_cache_dtype: str) -> None:
+    op = "xla_attn::reshape_and_cache_flash"
+    fmt = _ops.cache_write_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                k_scale, v_scale)
+    _same_device(op, key.device, value=value, key_cache=key_cache, value_cache=value_cache,
+                 slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    key, value, slots, ks, vs = map(_dense, (key, value, slot_mapping, k_scale, v_scale))
+    # The struct has no strides: a strided cache (e.g. one half of a stacked K/V
+    # tensor) is written through a dense copy that is copied back.
+    kc, vc = key_cache.contiguous(), value_cache.contiguous()
+    num_blocks, block_size, num_heads_k, head_dim = kc.shape
+    p = _capi.CacheWriteParams().fill(
+        key=_ptr(key), value=_ptr(value), key_cache=_ptr(kc), value_cache=_ptr(vc),
+        slot_mapping=_ptr(slots), k_scale=_ptr(ks), v_scale=_ptr(vs), num_tokens=key.shape[0],
+        num_slots=num_blocks * block_size, num_heads_k=num_heads_k, head_dim=head_dim,
+        block_size=block_size, num_blocks=num_blocks, src_dtype=_code(key),
+        cache_dtype=_cache_code(op, kc, fmt), slot_dtype=_code(slots))
+    _launch(_capi.cache_write, p, key.device)
+    if kc is not key_cache:
+        key_cache.copy_(kc)
+    if vc is not value_cache:
+        value_cache.copy_(vc)
+
+
+@_cache_write.register_fake
+def _cache_write_fake(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+                      kv_cache_dtype):
+    return None
+
+
+# ---------------------------------------------------------------- public functions
+def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                      softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                      alibi_slopes=None, seqused_k=None, block_table=None,
+                      return_softmax_lse=False, q_descale=None, k_descale=None, v_descale=None):
+    """Flash attention over packed variable-length sequences (flash-attn's
+    `flash_attn_varlen_func`). q `(total_q, H, D)`; k, v `(total_k, Hk, D)` or, with
+    `block_table`, a paged cache `(num_blocks, block_size, Hk, D)`. Returns out like q
+    (bf16 for fp8 q) and, if asked, softmax_lse `(H, total_q)` float32.
+    Differentiable in q, k, v when not paged and not fp8."""
+    spec = _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  seqused_k, block_table, q_descale, k_descale, v_descale)
+    out, lse = torch.ops.xla_attn.flash_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale,
+        k_descale, v_descale, spec.softmax_scale, spec.softcap, spec.window_left,
+        spec.window_right, spec.max_seqlen_q, spec.max_seqlen_k)
+    return (out, lse) if return_softmax_lse else out
+
+
+def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+               alibi_slopes=None, return_softmax_lse=False):
+    """Dense-layout flash attention: q `(B, Sq, H, D)`, k and v `(B, Sk, Hk, D)` (the
+    layout of `flash_attn_func`). softmax_lse is `(B, H, Sq)`."""
+    b, sq, sk = _ops.flash_dense_check(q, k, v)
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sq
+    cu_k = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sk
+    out, lse = flash_attn_varlen(
+        q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
+        v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, sq, sk, softmax_scale=softmax_scale,
+        causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+        return_softmax_lse=True)
+    out = out.reshape(*q.shape[:3], out.shape[-1])
+    if not return_softmax_lse:
+        return out
+    return out, lse.reshape(lse.shape[0], b, sq).transpose(0, 1).contiguous()
+
+
+def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, scale,
+                    sliding_window=None, soft_cap=None, k_scale=None, v_scale=None, num_seqs=None,
+                    kv_cache_dtype="auto"):
+    """Attention of ragged query spans over a paged KV cache (decode and short
+    prefill chunks). query `(total_q, H, D)`; caches `(num_blocks, block_size, Hk, D)`
+    (float like query, float8, or uint8 with `kv_cache_dtype`); `num_seqs` an int32
+    device scalar counting the real rows of a padded batch."""
+    spec = _ops.paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables,
+                                     query_start_loc, scale, sliding_window, soft_cap, k_scale,
+                                     v_scale, num_seqs, kv_cache_dtype)
+    return torch.ops.xla_attn.paged_attention(
+        query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, num_seqs, k_scale,
+        v_scale, spec.scale, spec.soft_cap, spec.sliding_window, spec.kv_cache_dtype)
+
+
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
+                            kv_cache_dtype="auto", k_scale=None, v_scale=None):
+    """Scatter `key`/`value` `(num_tokens, Hk, D)` into the paged caches at
+    `slot_mapping` (slot -1 skipped) in place, as vLLM's op does; fp8 formats
+    quantize as `x / scale`. Returns None."""
+    fmt = _ops.cache_write_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                k_scale, v_scale)
+    torch.ops.xla_attn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
+                                               k_scale, v_scale, fmt)
