@@ -1,0 +1,251 @@
+"""The PyTorch frontend on CUDA tensors: the cases of tests/test_torch_cpu.py run on
+torch's current stream through the C ABI (XLA_ATTN_CUDA). Where this build has no
+CUDA kernel for an op yet, the op must say so ("no CUDA kernel ...") and the case is
+skipped with that message; once the kernel exists the same case compares against
+the float64 reference. Skipped where torch sees no CUDA device."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import test_torch_cpu as cases  # noqa: E402
+from xla_attn import torch as xt  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]
+DEVICE = "cuda"
+
+
+def on_cuda(check, *args, **kwargs):
+    """Runs a CPU-suite check on CUDA tensors; a missing kernel skips, with its message."""
+    try:
+        check(*args, **kwargs)
+    except RuntimeError as e:
+        if "no CUDA kernel" in str(e):
+            pytest.skip(str(e))
+        raise
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("case", list(cases.FLASH_CASES))
+def test_flash_varlen(rng, mk, dtype, case):
+    on_cuda(cases.check_flash_varlen, rng, mk, DEVICE, dtype, case)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_flash_paged(rng, mk, dtype):
+    on_cuda(cases.check_flash_paged, rng, mk, DEVICE, dtype)
+
+
+def test_flash_fp8(rng, mk):
+    on_cuda(cases.check_flash_fp8, rng, mk, DEVICE)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_flash_dense(rng, mk, dtype):
+    on_cuda(cases.check_flash_dense, rng, mk, DEVICE, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", cases.GRAD_CASES)
+def test_flash_grad(rng, mk, dtype, case):
+    on_cuda(cases.check_flash_grad, rng, mk, DEVICE, dtype, case)
+
+
+def test_flash_dense_grad(rng, mk):
+    on_cuda(cases.check_flash_dense_grad, rng, mk, DEVICE, "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("case", list(cases.PAGED_CASES))
+def test_paged_attention(rng, mk, dtype, case):
+    on_cuda(cases.check_paged, rng, mk, DEVICE, dtype, case)
+
+
+@pytest.mark.parametrize("dtype,cache,fmt", [("bfloat16", "float8_e4m3fn", "auto"),
+                                             ("float32", "float8_e5m2", "fp8_e5m2"),
+                                             ("float16", "uint8", "fp8"),
+                                             ("bfloat16", "uint8", "fp8_e5m2")])
+def test_paged_attention_fp8(rng, mk, dtype, cache, fmt):
+    on_cuda(cases.check_paged, rng, mk, DEVICE, dtype, "padded_batch", cache=cache,
+            kv_cache_dtype=fmt)
+
+
+@pytest.mark.parametrize("src,cache,fmt,slot_dtype", cases.CACHE_CASES,
+                         ids=["-".join(c) for c in cases.CACHE_CASES])
+def test_cache_write(rng, mk, src, cache, fmt, slot_dtype):
+    on_cuda(cases.check_cache_write, rng, mk, DEVICE, src, cache, fmt, slot_dtype)
+
+
+def test_cache_write_strided_cache(rng, mk):
+    on_cuda(cases.check_cache_write, rng, mk, DEVICE, "bfloat16", "bfloat16", "auto", "int64",
+            strided=True)
+
+
+def test_cache_write_on_a_side_stream(rng, mk):
+    """The write is ordered on torch's current stream, not the default one."""
+    stream = torch.cuda.Stream()
+    s = cases.small_inputs(DEVICE)
+    key = s["k"].repeat(64, 1, 1)                       # (768, 2, 32)
+    slots = torch.randperm(1024, device=DEVICE)[:768]
+    kc = torch.randn(256, 4, 2, 32, device=DEVICE)
+    vc = kc.clone()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        xt.reshape_and_cache_flash(key, key, kc, vc, slots)
+        got = kc.reshape(1024, 2, 32)[slots].clone()    # same stream: sees the write
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(got, key)
+
+
+def test_cache_write_in_a_cuda_graph():
+    """Captured once, replayed with new keys and slots (what a vLLM decode step does)."""
+    s = cases.small_inputs(DEVICE)
+    key, slots = s["k"].clone(), s["slots"].clone()
+    kc, vc = s["kc"].clone(), s["vc"].clone()
+    scale = torch.ones((), device=DEVICE)
+    xt.reshape_and_cache_flash(key, key, kc, vc, slots, "auto", scale, scale)  # warm up (loads)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        xt.reshape_and_cache_flash(key, key, kc, vc, slots, "auto", scale, scale)
+    key.copy_(torch.randn_like(key))
+    slots.copy_(torch.randperm(16, device=DEVICE)[:12])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(kc.reshape(16, 2, 32)[slots], key)
+    assert torch.equal(vc.reshape(16, 2, 32)[slots], key)
+
+
+@pytest.fixture
+def workspace_sizes(monkeypatch):
+    """Records what xla_attn_workspace_size asked for on each CUDA call."""
+    sizes = []
+    real = xt._capi.workspace_size
+
+    def spy(params):
+        sizes.append(real(params))
+        return sizes[-1]
+
+    monkeypatch.setattr(xt._capi, "workspace_size", spy)
+    return sizes
+
+
+def long_decode(rng, mk, dtype="bfloat16", lens=(2000, 1500, 777)):
+    """Decode (one query a sequence) over long contexts: the kernels split the keys
+    and need the workspace torch allocates."""
+    heads, heads_k, head_dim, block_size = 8, 2, 64, 16
+    query = mk.random_array(rng, (len(lens), heads, head_dim), dtype)
+    kc, vc, table = mk.paged_kv(rng, dtype, list(lens), block_size, heads_k=heads_k,
+                                head_dim=head_dim)
+    qsl = np.arange(len(lens) + 1, dtype=np.int32)
+    return query, kc, vc, np.asarray(lens, np.int32), table, qsl
+
+
+def test_paged_attention_split_kv_workspace(rng, mk, workspace_sizes):
+    query, kc, vc, lens, table, qsl = long_decode(rng, mk)
+    args = [cases.tt(x, DEVICE) for x in (query, kc, vc, lens, table, qsl)]
+    try:
+        out = xt.paged_attention(*args, 0.125)
+    except RuntimeError as e:
+        if "no CUDA kernel" in str(e):
+            pytest.skip(str(e))
+        raise
+    assert max(workspace_sizes) > 0
+    expected = cases.ref.paged_attention_ref(query, kc, vc, lens, table, qsl, 0.125)
+    cases.assert_close(out, expected, cases.ref.BOUNDS["bfloat16"])
+    # flash_attn_varlen over the same paged cache takes the same path
+    cu_k = mk.cu_seqlens(lens)
+    out2 = xt.flash_attn_varlen(args[0], args[1], args[2], args[5], cases.tt(cu_k, DEVICE), 1,
+                                int(lens.max()), softmax_scale=0.125, causal=True,
+                                block_table=args[4])
+    cases.assert_close(out2, expected, cases.ref.BOUNDS["bfloat16"])
+
+
+def test_paged_attention_in_a_cuda_graph(rng, mk):
+    """A decode step captured once and replayed on new queries; the split-KV
+    workspace comes from the graph's memory pool."""
+    query, kc, vc, lens, table, qsl = long_decode(rng, mk)
+    q, kct, vct, lt, tt_, qt = (cases.tt(x, DEVICE) for x in (query, kc, vc, lens, table, qsl))
+    try:
+        xt.paged_attention(q, kct, vct, lt, tt_, qt, 0.125)  # warm up (module load)
+    except RuntimeError as e:
+        if "no CUDA kernel" in str(e):
+            pytest.skip(str(e))
+        raise
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = xt.paged_attention(q, kct, vct, lt, tt_, qt, 0.125)
+    query2 = mk.random_array(rng, query.shape, "bfloat16")
+    q.copy_(cases.tt(query2, DEVICE))
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = cases.ref.paged_attention_ref(query2, kc, vc, lens, table, qsl, 0.125)
+    cases.assert_close(out, expected, cases.ref.BOUNDS["bfloat16"])
+
+
+def test_missing_kernels_say_so():
+    """Each op either runs or fails with the dispatcher's "no CUDA kernel" message,
+    and the process keeps working either way."""
+    s = cases.small_inputs(DEVICE)
+    calls = {
+        "flash_fwd": lambda: xt.flash_attn_varlen(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"]),
+        "paged_attention": lambda: xt.paged_attention(s["q"], s["kc"], s["vc"], s["lens"],
+                                                      s["table"], s["cu_q"], 0.2),
+        "cache_write": lambda: xt.reshape_and_cache_flash(s["k"], s["v"], s["kc"], s["vc"],
+                                                          s["slots"]),
+    }
+    for call in calls.values():
+        try:
+            call()
+        except RuntimeError as e:
+            assert "no CUDA kernel for" in str(e)
+        torch.cuda.synchronize()
+    assert s["kc"].isfinite().all()
+
+
+@pytest.mark.parametrize("case", cases.OPCHECK_CASES)
+def test_opcheck(case):
+    try:
+        op, args = cases.opcheck_case(case, DEVICE)
+        result = torch.library.opcheck(op, args)
+    except Exception as e:  # opcheck wraps the op's RuntimeError in its own error
+        if "no CUDA kernel" in str(e) or "no CUDA kernel" in str(e.__cause__):
+            pytest.skip(str(e.__cause__ or e))
+        raise
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_compile_fullgraph():
+    on_cuda(cases.check_compile, DEVICE, "inductor")
+
+
+def test_compile_grad():
+    on_cuda(cases.check_compile_grad, DEVICE, "inductor")
+
+
+def test_compile_cache_write():
+    """The one op with a CUDA kernel today, compiled with inductor (in place)."""
+    torch._dynamo.reset()
+    s = cases.small_inputs(DEVICE, seed=3)
+
+    def step(k, v, kc, vc, slots):
+        cases.xla_attn.reshape_and_cache_flash(k * 2, v, kc, vc, slots)
+        return kc.sum()
+
+    eager_caches = s["kc"].clone(), s["vc"].clone()
+    expected = step(s["k"], s["v"], *eager_caches, s["slots"])
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    got = torch.compile(step, fullgraph=True, backend=counter)(s["k"], s["v"], s["kc"], s["vc"],
+                                                               s["slots"])
+    assert counter.frame_count == 1
+    assert torch.equal(got, expected)
+    assert torch.equal(s["kc"], eager_caches[0]) and torch.equal(s["vc"], eager_caches[1])
