@@ -26,7 +26,43 @@ def _call(target: str, results, *operands, aliases=None, **attributes):
     attrs = {k: (np.float32(v) if isinstance(v, float) else v) for k, v in attributes.items()}
     call = jax.ffi.ffi_call(target, results, vmap_method="sequential",
                             input_output_aliases=aliases)
-    return call(*operands, **attrs)
+    outputs = call(*operands, **attrs)
+    # Inside shard_map a custom call's results vary along every mesh axis any operand
+    # varies along; XLA's types do not say so by themselves.
+    axes = frozenset().union(*(_vma(x) for x in operands))
+    if not axes:
+        return outputs
+    if isinstance(outputs, (tuple, list)):
+        return type(outputs)(_vary(o, axes) for o in outputs)
+    return _vary(outputs, axes)
+
+
+def _vma(x) -> frozenset:
+    """Mesh axes along which x varies inside shard_map (empty outside it). jax 0.7-0.8
+    call them `aval.vma`, later releases `aval.manual_axis_type.varying`."""
+    if not hasattr(jax, "typeof"):
+        return frozenset()
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _vary(x, axes: frozenset):
+    """x typed as varying along `axes` inside shard_map (a no-op elsewhere)."""
+    missing = tuple(sorted(axes - _vma(x)))
+    if not missing:
+        return x
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, missing, to="varying")
+    return jax.lax.pvary(x, missing)
+
+
+def _cotangent(g, primal, axes: frozenset):
+    """A cotangent computed per shard from operands varying along `axes`, for a
+    primal varying along fewer: the primal is shared by those shards (e.g. k/v
+    replicated across head shards in MQA/GQA), so its gradient is the sum."""
+    extra = tuple(sorted(axes - _vma(primal)))
+    return jax.lax.psum(g, extra) if extra else g
 
 
 def _absent(dtype) -> jax.Array:
@@ -72,7 +108,9 @@ def _flash_diff_bwd(spec, residuals, cotangents):
     dq, dk, dv = _call("xla_attn_flash_bwd_v1", results, dout.astype(q.dtype), q, k, v, out, lse,
                        cu_q, cu_k, _or_absent(seqused_k, jnp.int32),
                        _or_absent(alibi, jnp.float32), **spec.attributes())
-    return dq, dk, dv, None, None, None, None
+    axes = _vma(dq)
+    return (_cotangent(dq, q, axes), _cotangent(dk, k, axes), _cotangent(dv, v, axes),
+            None, None, None, None)
 
 
 _flash_diff.defvjp(_flash_diff_fwd, _flash_diff_bwd)

@@ -1,0 +1,237 @@
+"""reshape_and_cache_flash on the Host platform, bit-exact against the reference:
+every source dtype x cache format (float, float8 e4m3/e5m2, uint8 with a format),
+int32 and int64 slots, -1 padding and out-of-range slots skipped, poisoned caches
+(untouched slots keep their bits), saturation/NaN/inf/subnormals, and the write
+proven in place under donation."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import reference as ref
+import xla_attn
+from xla_attn import jax as xj
+
+SRC = ["float32", "float16", "bfloat16"]
+# (cache storage dtype, kv_cache_dtype); None storage = the source dtype
+FORMATS = [(None, "auto"), ("float8_e4m3fn", "fp8"), ("float8_e4m3fn", "fp8_e4m3"),
+           ("float8_e5m2", "fp8_e5m2"), ("uint8", "fp8"), ("uint8", "fp8_e4m3"),
+           ("uint8", "fp8_e5m2"), ("float8_e4m3fn", "auto"), ("float8_e5m2", "auto")]
+FORMAT_IDS = [f"{c or 'same'}-{k}" for c, k in FORMATS]
+
+
+def make_case(rng, mk, src, storage, num_tokens=12, num_blocks=5, block_size=16, heads_k=2,
+              head_dim=32, slot_dtype=np.int32, specials=True):
+    """Source tokens (large enough to saturate e4m3 after scaling, plus +-NaN, +-inf,
+    subnormals and -0 when `specials`), caches full of random bits, and distinct
+    slots mixed with -1, out-of-range and negative entries."""
+    shape = (num_tokens, heads_k, head_dim)
+    key = mk.random_array(rng, shape, src, scale=100.0)
+    value = mk.random_array(rng, shape, src, scale=100.0)
+    if specials:
+        vals = np.array([np.nan, -np.nan, np.inf, -np.inf, 1e-6, -1e-6, -0.0, 3e-3, 1e5, -7e4, 448.0,
+                         -57344.0, 0.3], np.float64)
+        for arr in (key, value):
+            flat = arr.reshape(-1)
+            idx = rng.choice(flat.size, len(vals), replace=False)
+            with np.errstate(over="ignore"):  # 1e5 is inf in float16: intended
+                flat[idx] = vals.astype(arr.dtype)
+    cache_dtype = storage or src
+    cache_shape = (num_blocks, block_size, heads_k, head_dim)
+    key_cache = mk.random_bits(rng, cache_shape, cache_dtype)
+    value_cache = mk.random_bits(rng, cache_shape, cache_dtype)
+    num_slots = num_blocks * block_size
+    slots = rng.permutation(num_slots)[:num_tokens].astype(np.int64)
+    if num_tokens >= 6:
+        slots[[1, 4]] = -1                  # padding
+        slots[2] = num_slots                # one past the end
+        slots[5] = -5 if num_tokens > 6 else num_slots + 1000
+    return dict(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+                slot_mapping=slots.astype(slot_dtype))
+
+
+def run(case, fn=None, **kw):
+    fn = fn or xla_attn.reshape_and_cache_flash
+    args = {n: jnp.asarray(x) for n, x in case.items()}
+    extra = {n: (jnp.asarray(x) if isinstance(x, np.ndarray) else x) for n, x in kw.items()}
+    kc, vc = fn(**args, **extra)
+    assert kc.shape == case["key_cache"].shape and vc.shape == case["value_cache"].shape
+    assert kc.dtype == case["key_cache"].dtype and vc.dtype == case["value_cache"].dtype
+    return np.asarray(kc), np.asarray(vc)
+
+
+def check(case, **kw):
+    got = run(case, **kw)
+    scales = {n: (1.0 if kw.get(n) is None else kw[n]) for n in ("k_scale", "v_scale")}
+    want = ref.reshape_and_cache_flash_ref(**case, kv_cache_dtype=kw.get("kv_cache_dtype", "auto"),
+                                           **scales)
+    for name, g, w in zip(("key_cache", "value_cache"), got, want):
+        try:
+            ref.assert_bits_equal(g, w)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
+    return got
+
+
+def _scales(mk, storage):
+    if storage is None:
+        return {}
+    return dict(k_scale=mk.f32(0.37), v_scale=mk.f32([2.5]))
+
+
+@pytest.mark.parametrize("src", SRC)
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_write_int32_slots(rng, mk, src, fmt):
+    storage, kv_cache_dtype = fmt
+    case = make_case(rng, mk, src, storage)
+    check(case, kv_cache_dtype=kv_cache_dtype, **_scales(mk, storage))
+
+
+@pytest.mark.parametrize("src", SRC)
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_write_int64_slots(rng, mk, src, fmt):
+    storage, kv_cache_dtype = fmt
+    with jax.enable_x64(True):
+        case = make_case(rng, mk, src, storage, slot_dtype=np.int64)
+        case["slot_mapping"][3] = 2 ** 40  # out of range only as a 64-bit value
+        assert jnp.asarray(case["slot_mapping"]).dtype == jnp.int64
+        check(case, kv_cache_dtype=kv_cache_dtype, **_scales(mk, storage))
+
+
+def test_int64_slot_beyond_int32_is_skipped_not_wrapped(rng, mk):
+    """2**32 + 3 must not land in slot 3."""
+    with jax.enable_x64(True):
+        case = make_case(rng, mk, "float32", None, num_tokens=4, specials=False,
+                         slot_dtype=np.int64)
+        case["slot_mapping"] = np.array([2 ** 32 + 3, 7, -1, 2 ** 33], np.int64)
+        kc, _ = check(case)
+        np.testing.assert_array_equal(kc.reshape(-1, 2, 32)[3],
+                                      case["key_cache"].reshape(-1, 2, 32)[3])
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_layouts(rng, mk, block_size, head_dim):
+    for storage, kv_cache_dtype in ((None, "auto"), ("uint8", "fp8")):
+        case = make_case(rng, mk, "bfloat16", storage, num_tokens=9, num_blocks=3,
+                         block_size=block_size, heads_k=4, head_dim=head_dim)
+        check(case, kv_cache_dtype=kv_cache_dtype, **_scales(mk, storage))
+
+
+@pytest.mark.parametrize("fmt", FORMATS[1:7], ids=FORMAT_IDS[1:7])
+def test_fp8_default_scales(rng, mk, fmt):
+    """No scales given: 1.0."""
+    storage, kv_cache_dtype = fmt
+    case = make_case(rng, mk, "bfloat16", storage)
+    check(case, kv_cache_dtype=kv_cache_dtype)
+
+
+def test_fp8_key_and_value_scales_differ(rng, mk):
+    """k_scale quantizes keys and v_scale values (not the other way round)."""
+    case = make_case(rng, mk, "float32", "float8_e4m3fn", specials=False)
+    case["value"] = case["key"].copy()
+    kc, vc = check(case, kv_cache_dtype="fp8", k_scale=mk.f32(0.5), v_scale=mk.f32(8.0))
+    assert not np.array_equal(kc.view(np.uint8), vc.view(np.uint8))
+
+
+def test_all_padding_changes_nothing(rng, mk):
+    case = make_case(rng, mk, "float16", None, num_tokens=5, specials=False)
+    case["slot_mapping"] = np.full(5, -1, np.int32)
+    kc, vc = check(case)
+    ref.assert_bits_equal(kc, case["key_cache"])
+    ref.assert_bits_equal(vc, case["value_cache"])
+
+
+def test_no_tokens(rng, mk):
+    case = make_case(rng, mk, "bfloat16", None, num_tokens=0, specials=False)
+    kc, _ = check(case)
+    ref.assert_bits_equal(kc, case["key_cache"])
+
+
+def test_inputs_keep_their_values_without_donation(rng, mk):
+    """Functional semantics: with no donation, the caches passed in are unchanged
+    (eager and under jit), and the results are new arrays."""
+    case = make_case(rng, mk, "bfloat16", None)
+    args = {n: jnp.asarray(x) for n, x in case.items()}
+    for fn in (xla_attn.reshape_and_cache_flash, jax.jit(xj.reshape_and_cache_flash)):
+        kc, vc = fn(**args)
+        ref.assert_bits_equal(np.asarray(args["key_cache"]), case["key_cache"])
+        ref.assert_bits_equal(np.asarray(args["value_cache"]), case["value_cache"])
+        want = ref.reshape_and_cache_flash_ref(**case)
+        ref.assert_bits_equal(np.asarray(kc), want[0])
+        ref.assert_bits_equal(np.asarray(vc), want[1])
+
+
+def test_chained_writes(rng, mk):
+    """Decode-style: several steps, each writing into the previous step's cache."""
+    case = make_case(rng, mk, "bfloat16", "uint8", num_tokens=3, specials=False)
+    kc, vc = jnp.asarray(case["key_cache"]), jnp.asarray(case["value_cache"])
+    want_k, want_v = case["key_cache"], case["value_cache"]
+    step = jax.jit(functools.partial(xj.reshape_and_cache_flash, kv_cache_dtype="fp8"),
+                   donate_argnums=(2, 3))
+    for t in range(4):
+        key = mk.random_array(rng, (3, 2, 32), "bfloat16")
+        value = mk.random_array(rng, (3, 2, 32), "bfloat16")
+        slots = np.array([t, 16 + t, -1], np.int32)
+        kc, vc = step(jnp.asarray(key), jnp.asarray(value), kc, vc, jnp.asarray(slots),
+                      k_scale=jnp.asarray(0.5, jnp.float32), v_scale=jnp.asarray(0.25, jnp.float32))
+        want_k, want_v = ref.reshape_and_cache_flash_ref(key, value, want_k, want_v, slots, "fp8",
+                                                         0.5, 0.25)
+    ref.assert_bits_equal(np.asarray(kc), want_k)
+    ref.assert_bits_equal(np.asarray(vc), want_v)
+
+
+# ------------------------------------------------------------------ in place
+_COPY = re.compile(r"=\s*(\w+)\[([\d,]*)\]\S*\s+(copy|copy-start)\(")
+
+
+def _copies_of(hlo_text: str, shape) -> list[str]:
+    dims = ",".join(str(d) for d in shape)
+    return [line.strip() for line in hlo_text.splitlines()
+            if (m := _COPY.search(line)) and m.group(2) == dims]
+
+
+def _fresh(x):
+    """A device buffer of x's own (not borrowed from a numpy array)."""
+    return jax.device_put(jnp.array(x, copy=True))
+
+
+@pytest.mark.parametrize("fmt", [(None, "auto"), ("float8_e4m3fn", "fp8"), ("uint8", "fp8_e5m2")],
+                         ids=["same", "float8", "uint8"])
+def test_write_is_in_place_under_donation(rng, mk, fmt):
+    storage, kv_cache_dtype = fmt
+    case = make_case(rng, mk, "bfloat16", storage, specials=False)
+    scales = _scales(mk, storage)
+    fn = jax.jit(functools.partial(xj.reshape_and_cache_flash, kv_cache_dtype=kv_cache_dtype),
+                 donate_argnums=(2, 3))
+    args = [jnp.asarray(case[n]) for n in ("key", "value", "key_cache", "value_cache",
+                                           "slot_mapping")]
+    jscales = {n: jnp.asarray(x) for n, x in scales.items()}
+    text = fn.lower(*args, **jscales).compile().as_text()
+    assert "input_output_alias" in text
+    copies = _copies_of(text, case["key_cache"].shape)
+    assert not copies, "the compiled program copies the cache:\n" + "\n".join(copies)
+
+    args[2], args[3] = _fresh(case["key_cache"]), _fresh(case["value_cache"])
+    pointers = [args[2].unsafe_buffer_pointer(), args[3].unsafe_buffer_pointer()]
+    kc, vc = fn(*args, **jscales)
+    assert [kc.unsafe_buffer_pointer(), vc.unsafe_buffer_pointer()] == pointers
+    want = ref.reshape_and_cache_flash_ref(**case, kv_cache_dtype=kv_cache_dtype,
+                                           **{n: scales.get(n, 1.0) for n in ("k_scale",
+                                                                              "v_scale")})
+    ref.assert_bits_equal(np.asarray(kc), want[0])
+    ref.assert_bits_equal(np.asarray(vc), want[1])
+
+
+def test_aliasing_is_declared_without_jit_donation(rng, mk):
+    """The custom call itself aliases its results onto the cache operands."""
+    case = make_case(rng, mk, "float16", None, specials=False)
+    args = [jnp.asarray(case[n]) for n in ("key", "value", "key_cache", "value_cache",
+                                           "slot_mapping")]
+    text = jax.jit(xj.reshape_and_cache_flash).lower(*args).as_text()
+    assert "output_operand_aliases" in text
+    assert "xla_attn_reshape_and_cache_flash_v1" in text
