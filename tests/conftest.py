@@ -4,12 +4,10 @@ builders of small random inputs (numpy arrays, so the reference sees the very
 values the library gets)."""
 
 import os
-import sys
 
 _FLAG = "--xla_force_host_platform_device_count=4"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import reference`
 
 import types  # noqa: E402
 import zlib  # noqa: E402

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import reference as ref
+from xla_attn.testing import reference as ref
 import xla_attn
 from xla_attn import jax as xj
 

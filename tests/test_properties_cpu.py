@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import reference as ref
+from xla_attn.testing import reference as ref
 import xla_attn
 
 SETTINGS = dict(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow],

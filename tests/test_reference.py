@@ -1,4 +1,4 @@
-"""Self-checks of tests/reference.py against independent computations: a scalar
+"""Self-checks of xla_attn.testing.reference against independent computations: a scalar
 per-element loop, jax.nn.dot_product_attention (float32), jax.grad of a separate jnp
 float64 formulation, central finite differences, and a brute-force nearest-value
 search over every fp8 code. Needs jax and ml_dtypes, not the native library."""
@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import reference as ref
+from xla_attn.testing import reference as ref
 
 
 # ------------------------------------------------------------------ a dumb scalar loop

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-import reference as ref
+from xla_attn.testing import reference as ref
 import xla_attn
 from xla_attn import jax as xj
 

@@ -17,10 +17,7 @@ import xla_attn  # noqa: E402
 from xla_attn import _capi  # noqa: E402
 from xla_attn import torch as xt  # noqa: E402
 
-try:
-    from xla_attn.testing import reference as ref
-except ImportError:  # the reference still lives in tests/ (conftest puts it on sys.path)
-    import reference as ref
+from xla_attn.testing import reference as ref  # noqa: E402
 
 LSE_BOUND = 1e-5  # softmax_lse is float32 whatever the input dtype
 _VIEWS = {"bfloat16": (np.uint16, torch.bfloat16), "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),

@@ -76,13 +76,13 @@ def check(repeats: int) -> int:
     from xla_attn.testing import checks
 
     rows = checks.run_all(repeats=repeats)
-    print(f"{'op':<34} {'device':<8} {'dtype':<22} {'error':>10} {'bound':>8} {'time':>10}  result")
+    print(f"{'op':<40} {'device':<8} {'dtype':<22} {'error':>10} {'bound':>8} {'time':>10}  result")
     failed = 0
     for r in rows:
         failed += r.status == "FAIL"
         err = "bit-exact" if r.exact and r.error == 0 else f"{r.error:.2e}"
         t = f"{r.seconds * 1e6:8.1f}us" if r.seconds is not None else "-"
-        print(f"{r.name:<34} {r.device:<8} {r.dtype:<22} {err:>10} {r.bound:>8.0e} {t:>10}  "
+        print(f"{r.name:<40} {r.device:<8} {r.dtype:<22} {err:>10} {r.bound:>8.0e} {t:>10}  "
               f"{r.status}{'  ' + r.note if r.note else ''}")
     print(f"{len(rows) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -5,19 +5,15 @@ poisoned caches, saturation/NaN/inf/subnormals, and the write in place under
 donation. Skipped where jax sees no GPU."""
 
 import functools
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import reference as ref  # noqa: E402
-import xla_attn  # noqa: E402
-from xla_attn import jax as xj  # noqa: E402
+import xla_attn
+from xla_attn import jax as xj
+from xla_attn.testing import reference as ref
 
 pytestmark = pytest.mark.gpu
 

@@ -110,11 +110,11 @@ def check_paged(rng, repeats: int, device) -> list[Row]:
     import xla_attn.jax as xj
 
     rows = []
-    num_blocks, block_size, heads, heads_k, dim = 40, 16, 8, 2, 128
+    num_blocks, block_size, heads, heads_k, dim = 80, 16, 8, 2, 128
     seq_lens = np.array([100, 1, 250, 33], np.int32)
     q_lens = np.array([1, 1, 4, 1], np.int32)
     qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    tables = rng.permutation(num_blocks)[: 4 * 16].reshape(4, 16) % num_blocks
+    tables = rng.permutation(num_blocks)[: 4 * 16].reshape(4, 16)
     tables = tables.astype(np.int32)
     for fmt, cache_dtype, dtype in (("auto", ml_dtypes.bfloat16, "bfloat16"),
                                     ("fp8_e4m3", ml_dtypes.float8_e4m3fn, "bfloat16+fp8_e4m3")):

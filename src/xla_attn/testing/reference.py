@@ -1,4 +1,5 @@
-"""Independent float64 NumPy references of every xla_attn op, for the tests.
+"""Independent float64 NumPy references of every xla_attn op, for the tests and for
+`python -m xla_attn check`.
 
 Nothing here imports jax, torch or the package under test: arrays in (numpy, or
 anything `np.asarray` accepts; bf16/fp8 as ml_dtypes arrays), float64 arrays out
