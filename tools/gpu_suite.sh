@@ -21,9 +21,11 @@ step() {
   want "$name" || return 0
   echo "=== $name: $*" | tee -a "$out/log.txt"
   local t0=$SECONDS
-  "$@" > "$out/$name.txt" 2>&1
+  "$@" > "$out/step.txt" 2>&1
   local rc=$?
-  tail -n 25 "$out/$name.txt" | tee -a "$out/log.txt"
+  cat "$out/step.txt" >> "$out/log.txt"          # the whole output, one file for all steps
+  tail -n 12 "$out/step.txt"
+  rm -f "$out/step.txt"
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$out/log.txt"
   status=$((status | rc))
 }
@@ -32,13 +34,14 @@ step() {
 subset='hostile or split or decode or (forward and bfloat16 and causal_window_softcap) or (backward and bfloat16) or (cache and small)'
 sanitize=(compute-sanitizer --kernel-name kns=xla_attn --error-exitcode 9 --print-limit 20)
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$out/log.txt"
 step info python3 -m xla_attn info
 step check python3 -m xla_attn check
 step tests python3 -m pytest -q -p no:cacheprovider --maxfail=30 -rs tests/gpu
 step memcheck "${sanitize[@]}" --tool memcheck python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$subset"
 step racecheck "${sanitize[@]}" --tool racecheck --racecheck-report analysis \
   python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$subset and not cache"
-step bench python3 tools/bench.py --json "$out/bench.json"
+step bench python3 tools/bench.py --json "$out/bench.json" --plot "$out/bench.png" \
+  --markdown "$out/bench.md" --time-limit "${BENCH_TIME_LIMIT:-240}"
 echo "gpu suite status: $status"
 exit $status
