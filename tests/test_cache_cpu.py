@@ -12,9 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xla_attn.testing import reference as ref
 import xla_attn
 from xla_attn import jax as xj
+from xla_attn.testing import reference as ref
+
+# jax >= 0.8 has jax.enable_x64; 0.7.x only jax.experimental.enable_x64.
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:
+    from jax.experimental import enable_x64
+
 
 SRC = ["float32", "float16", "bfloat16"]
 # (cache storage dtype, kv_cache_dtype); None storage = the source dtype
@@ -95,7 +102,7 @@ def test_write_int32_slots(rng, mk, src, fmt):
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 def test_write_int64_slots(rng, mk, src, fmt):
     storage, kv_cache_dtype = fmt
-    with jax.enable_x64(True):
+    with enable_x64(True):
         case = make_case(rng, mk, src, storage, slot_dtype=np.int64)
         case["slot_mapping"][3] = 2 ** 40  # out of range only as a 64-bit value
         assert jnp.asarray(case["slot_mapping"]).dtype == jnp.int64
@@ -104,7 +111,7 @@ def test_write_int64_slots(rng, mk, src, fmt):
 
 def test_int64_slot_beyond_int32_is_skipped_not_wrapped(rng, mk):
     """2**32 + 3 must not land in slot 3."""
-    with jax.enable_x64(True):
+    with enable_x64(True):
         case = make_case(rng, mk, "float32", None, num_tokens=4, specials=False,
                          slot_dtype=np.int64)
         case["slot_mapping"] = np.array([2 ** 32 + 3, 7, -1, 2 ** 33], np.int64)

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xla_attn.testing import reference as ref
 import xla_attn
 from xla_attn import jax as xj
+from xla_attn.testing import reference as ref
 
 DTYPES = ["float32", "float16", "bfloat16"]
 

@@ -3,16 +3,14 @@ the backward custom call) against the analytic float64 backward of the reference
 fp32 and bf16 (and fp16), causal, windows, softcap, ALiBi, GQA/MQA, seqused_k,
 empty sequences and padding (zero gradients there), jit."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xla_attn.testing import reference as ref
 import xla_attn
 from xla_attn import jax as xj
+from xla_attn.testing import reference as ref
 
 
 def varlen_grads(q, k, v, cu_q, cu_k, dout, fn=None, **kw):

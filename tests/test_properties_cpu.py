@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from xla_attn.testing import reference as ref
 import xla_attn
+from xla_attn.testing import reference as ref
 
 SETTINGS = dict(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow],
                 print_blob=True)

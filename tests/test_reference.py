@@ -13,6 +13,13 @@ import pytest
 
 from xla_attn.testing import reference as ref
 
+# jax >= 0.8 has jax.enable_x64; 0.7.x only jax.experimental.enable_x64.
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:
+    from jax.experimental import enable_x64
+
+
 
 # ------------------------------------------------------------------ a dumb scalar loop
 def _loop_attention(q, k, v, cu_q, cu_k, scale, causal=False, window=(-1, -1), softcap=0.0,
@@ -256,7 +263,7 @@ def test_backward_matches_jax_grad(case):
     dout = rng.standard_normal(q.shape)
     causal, window = kw.get("causal", False), kw.get("window", (-1, -1))
     softcap, alibi, used = kw.get("softcap", 0.0), kw.get("alibi"), kw.get("used")
-    with jax.enable_x64(True):
+    with enable_x64(True):
         alibi_j = None if alibi is None else jnp.asarray(alibi)
         loss_fn = jax.jit(lambda q_, k_, v_: _jnp_varlen_loss(
             q_, k_, v_, jnp.asarray(dout), cu_q, cu_k, 0.45, causal, window, softcap, alibi_j,

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from xla_attn.testing import reference as ref
 import xla_attn
 from xla_attn import jax as xj
+from xla_attn.testing import reference as ref
 
 N = 4
 
