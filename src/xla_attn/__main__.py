@@ -35,13 +35,15 @@ def info(as_json: bool = False) -> int:
     gpu: dict = {"arch": arch} if arch > 0 else {"none": why}
     if arch > 0:
         chosen = {}
-        for op, d0, d1 in (("cache_write", "bfloat16", "bfloat16"),
-                           ("flash_fwd", "bfloat16", "bfloat16"),
-                           ("paged_attention", "bfloat16", "bfloat16")):
+        # paged_attention runs on the flash_fwd kernels (an fp8 cache: a mixed pair).
+        for name, op, d0, d1 in (("reshape_and_cache_flash", "cache_write", "bfloat16", "bfloat16"),
+                                 ("flash_attn_varlen", "flash_fwd", "bfloat16", "bfloat16"),
+                                 ("flash backward", "flash_bwd_dq", "bfloat16", "bfloat16"),
+                                 ("paged_attention", "flash_fwd", "bfloat16", "float8_e4m3fn")):
             try:
-                chosen[op] = _native.select_variant(op, d0, d1, 128, arch)
+                chosen[name] = _native.select_variant(op, d0, d1, 128, arch)
             except RuntimeError as e:
-                chosen[op] = f"none ({str(e).split('; this build has')[0]})"
+                chosen[name] = f"none ({str(e).split('; this build has')[0]})"
         gpu["kernels"] = chosen
     runtime = build["cuda_runtime"]
     report = {
@@ -65,7 +67,7 @@ def info(as_json: bool = False) -> int:
     if arch > 0:
         print(f"gpu      sm_{arch}")
         for op, k in gpu["kernels"].items():
-            print(f"  {op:<16} {k}")
+            print(f"  {op:<24} {k}")
     else:
         print(f"gpu      none ({why})")
     print("frameworks " + ", ".join(f"{k} {v}" for k, v in report["frameworks"].items()))
