@@ -51,21 +51,53 @@ def _find(relative: str) -> pathlib.Path:
             return candidate.resolve()
     raise SystemExit(
         f"build_kernels: cannot find {relative} on sys.path; install the CUDA 12 wheels "
-        "(pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12 "
-        "nvidia-cuda-runtime-cu12 nvidia-nvfatbin-cu12) or build with `pip install .`"
+        "of the flavour (XLA_ATTN_CUDA_FLAVOUR; see pyproject.toml's build-system.requires) "
+        "or build with `pip install .`"
     )
 
 
+# Where each CUDA flavour's PyPI wheels put their files (relative to site-packages).
+# cu12: nvidia-cuda-{nvrtc,nvcc,runtime}-cu12 + nvidia-nvfatbin-cu12, one folder per
+# wheel; cu13: nvidia-cuda-{nvrtc,nvcc,runtime,crt} + nvidia-nvfatbin, all under cu13/.
+TOOLKIT_LAYOUT = {
+    "cu12": {
+        "nvrtc": "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+        "ptxas": "nvidia/cuda_nvcc/bin/ptxas",
+        "nvfatbin": "nvidia/nvfatbin/lib/libnvfatbin.so.12",
+        "cuda_include": "nvidia/cuda_runtime/include/cuda_runtime.h",
+        "crt_include": "nvidia/cuda_nvcc/include/crt/host_defines.h",
+        "cudart_static": "nvidia/cuda_runtime/lib/libcudart_static.a",
+    },
+    "cu13": {
+        "nvrtc": "nvidia/cu13/lib/libnvrtc.so.13",
+        "ptxas": "nvidia/cu13/bin/ptxas",
+        "nvfatbin": "nvidia/cu13/lib/libnvfatbin.so.13",
+        "cuda_include": "nvidia/cu13/include/cuda_runtime.h",
+        "crt_include": "nvidia/cu13/include/crt/host_defines.h",
+        "cudart_static": "nvidia/cu13/lib/libcudart_static.a",
+    },
+}
+# CUDA 13 dropped sm_70/72: its flavour starts at sm_75.
+DEFAULT_ARCHS = {"cu12": vt.ALL_ARCHS, "cu13": tuple(a for a in vt.ALL_ARCHS if a != "70")}
+
+
+def flavour() -> str:
+    name = os.environ.get("XLA_ATTN_CUDA_FLAVOUR", "cu12") or "cu12"
+    if name not in TOOLKIT_LAYOUT:
+        raise SystemExit(f"build_kernels: XLA_ATTN_CUDA_FLAVOUR must be one of "
+                         f"{sorted(TOOLKIT_LAYOUT)}, got {name!r}")
+    return name
+
+
 def toolkit(host: bool = True) -> dict[str, pathlib.Path]:
-    """Toolkit files; `host` adds those only the host build needs (FFI headers)."""
-    found = {
-        "nvrtc": _find("nvidia/cuda_nvrtc/lib/libnvrtc.so.12"),
-        "ptxas": _find("nvidia/cuda_nvcc/bin/ptxas"),
-        "nvfatbin": _find("nvidia/nvfatbin/lib/libnvfatbin.so.12"),
-        "cuda_include": _find("nvidia/cuda_runtime/include"),
-        "crt_include": _find("nvidia/cuda_nvcc/include"),
-        "cudart_static": _find("nvidia/cuda_runtime/lib/libcudart_static.a"),
-    }
+    """Toolkit files of the flavour; `host` adds those only the host build needs
+    (FFI headers)."""
+    found = {}
+    for key, relative in TOOLKIT_LAYOUT[flavour()].items():
+        path = _find(relative)
+        # Header locations are given by a file inside them (the folder is shared).
+        found[key] = path.parent.parent if key == "crt_include" else (
+            path.parent if path.suffix == ".h" else path)
     if host:
         found["xla_ffi_include"] = ffi_include()
     return found
@@ -95,8 +127,17 @@ def _check(lib, status: int, what: str, log: str = "") -> None:
         raise RuntimeError(f"{what} failed ({status}): {log}")
 
 
+def load_nvrtc(nvrtc_path: str) -> ctypes.CDLL:
+    """libnvrtc dlopens its builtins library by name; the CUDA 13 wheel's libnvrtc does
+    not find it beside itself, so load it first (globally) from the same folder."""
+    folder = pathlib.Path(nvrtc_path).parent
+    for builtins in sorted(folder.glob("libnvrtc-builtins.so.*")):
+        ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL(nvrtc_path)
+
+
 def nvrtc_ptx(nvrtc_path: str, source: str, name: str, arch: str, includes: list[str]) -> bytes:
-    nvrtc = ctypes.CDLL(nvrtc_path)
+    nvrtc = load_nvrtc(nvrtc_path)
     prog = ctypes.c_void_p()
     _check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(),
                                            0, None, None), "nvrtcCreateProgram")
@@ -161,7 +202,7 @@ def module_source(module: vt.Module) -> str:
 
 
 def _tool_version(tk: dict[str, pathlib.Path]) -> str:
-    nvrtc = ctypes.CDLL(str(tk["nvrtc"]))
+    nvrtc = load_nvrtc(str(tk["nvrtc"]))
     major, minor = ctypes.c_int(), ctypes.c_int()
     nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
     ptxas = subprocess.run([str(tk["ptxas"]), "--version"], capture_output=True, text=True).stdout
@@ -254,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("paths", help="print CMake set() lines for the toolkit files")
     comp = sub.add_parser("compile", help="compile every module for the given archs")
-    comp.add_argument("--archs", default=";".join(vt.ALL_ARCHS))
+    comp.add_argument("--archs", default=None, help="default: every arch the flavour supports")
     comp.add_argument("--out", required=True, type=pathlib.Path)
     comp.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
@@ -263,8 +304,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "paths":
         for key, value in tk.items():
             print(f'set(XLA_ATTN_{key.upper()} "{value}")')
+        print(f'set(XLA_ATTN_DEFAULT_ARCHS "{";".join(DEFAULT_ARCHS[flavour()])}")')
         return
-    archs = parse_archs(args.archs)
+    archs = parse_archs(args.archs or ";".join(DEFAULT_ARCHS[flavour()]))
+    if flavour() == "cu13" and ("70" in archs or "72" in archs):
+        raise SystemExit("build_kernels: CUDA 13 cannot target sm_70/72; build the cu12 flavour")
     args.out.mkdir(parents=True, exist_ok=True)
     cache_dir = pathlib.Path(os.environ.get("XLA_ATTN_KERNEL_CACHE",
                                             pathlib.Path.home() / ".cache" / "xla_attn" / "kernels"))
