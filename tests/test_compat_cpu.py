@@ -12,7 +12,7 @@ from xla_attn import _native
 def test_library_and_abi():
     info = _native.build_info()
     assert info["abi"] == _native.ABI_VERSION
-    assert {"cache_write_portable", "flash_fwd_portable"} <= {m["name"] for m in info["modules"]}
+    assert {"reshape_and_cache_flash_portable", "flash_fwd_portable"} <= {m["name"] for m in info["modules"]}
     archs = info["modules"][0]["archs"].split(";")
     assert len(archs) >= 1 and all(a.isdigit() for a in archs)
 

@@ -144,9 +144,9 @@ def test_paged_bad_input(case):
 
 def test_unsupported_arch_lists_the_build():
     with pytest.raises(RuntimeError) as info:
-        _native.select_variant("cache_write", "bfloat16", "float8_e4m3fn", 128, arch=60)
+        _native.select_variant("reshape_and_cache_flash", "bfloat16", "float8_e4m3fn", 128, arch=60)
     message = str(info.value)
-    assert message.startswith("xla_attn: no CUDA kernel for cache_write with dtypes bf16->f8e4m3, "
+    assert message.startswith("xla_attn: no CUDA kernel for reshape_and_cache_flash with dtypes bf16->f8e4m3, "
                               "head_dim 128, features 0x0 on sm_60; this build has: portable(")
     assert "bf16->f8e4m3, sm_70;75;80;86;89;90" in message
 
@@ -163,7 +163,7 @@ def test_head_dim_without_kernel_lists_what_exists():
 def test_unknown_op_lists_the_ops_with_kernels():
     with pytest.raises(RuntimeError) as info:
         _native.select_variant("flash_fwd_v9", "bfloat16", "bfloat16", 128, arch=90)
-    assert "this build has: none; CUDA kernels exist for: cache_write flash_fwd" in str(info.value)
+    assert "this build has: none; CUDA kernels exist for: reshape_and_cache_flash flash_fwd" in str(info.value)
 
 
 def test_wrong_input_type_names_the_frontend():

@@ -180,7 +180,7 @@ def cache_configs(draw):
 
 @settings(**SETTINGS)
 @given(cfg=cache_configs())
-def test_cache_write_property(mk, cfg):
+def test_reshape_and_cache_flash_property(mk, cfg):
     rng = np.random.default_rng(cfg["seed"])
     storage, kv_cache_dtype = cfg["fmt"]
     shape = (len(cfg["slots"]), cfg["heads_k"], cfg["head_dim"])

@@ -434,7 +434,7 @@ def test_quantize_is_saturating_round_to_nearest_even(name):
     assert np.all(got.view(np.uint8) == 0x7F)
 
 
-def _loop_cache_write(key, value, kc, vc, slots, encode):
+def _loop_reshape_and_cache_flash(key, value, kc, vc, slots, encode):
     kc, vc = kc.copy(), vc.copy()
     nb, bs = kc.shape[:2]
     for t, s in enumerate(slots):
@@ -452,7 +452,7 @@ def _loop_cache_write(key, value, kc, vc, slots, encode):
 @pytest.mark.parametrize("cache", ["auto", "float8_e4m3fn", "float8_e5m2", "fp8", "fp8_e4m3",
                                    "fp8_e5m2"])
 @pytest.mark.parametrize("slot_dtype", [np.int32, np.int64])
-def test_cache_write_matches_loop(src, cache, slot_dtype):
+def test_reshape_and_cache_flash_matches_loop(src, cache, slot_dtype):
     rng = np.random.default_rng(41)
     sdt = np.dtype(ml_dtypes.bfloat16) if src == "bfloat16" else np.dtype(src)
     key = (rng.standard_normal((6, 2, 3)) * 50).astype(sdt)
@@ -477,7 +477,7 @@ def test_cache_write_matches_loop(src, cache, slot_dtype):
                                                        ks if which == "k" else vs).view(np.uint8)
     vc0 = kc0.copy()[::-1].copy()
     got = ref.reshape_and_cache_flash_ref(key, value, kc0, vc0, slots, fmt, ks, vs)
-    want = _loop_cache_write(key, value, kc0, vc0, slots, encode)
+    want = _loop_reshape_and_cache_flash(key, value, kc0, vc0, slots, encode)
     for g, w in zip(got, want):
         ref.assert_bits_equal(g, w)
     untouched = np.setdiff1d(np.arange(12), slots)

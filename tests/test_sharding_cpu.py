@@ -143,7 +143,7 @@ def test_paged_attention_over_heads(rng, mk, mesh, heads, cache):
 
 @pytest.mark.parametrize("fmt", [("bfloat16", "auto"), ("uint8", "fp8_e4m3"),
                                  ("float8_e5m2", "fp8_e5m2")], ids=["bf16", "uint8", "float8"])
-def test_cache_write_over_kv_heads(rng, mk, mesh, fmt):
+def test_reshape_and_cache_flash_over_kv_heads(rng, mk, mesh, fmt):
     storage, kv_cache_dtype = fmt
     heads_k, d, num_blocks, bs = 8, 32, 4, 16
     key = mk.random_array(rng, (10, heads_k, d), "bfloat16", 50.0)

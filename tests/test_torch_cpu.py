@@ -275,7 +275,7 @@ CACHE_CASES = [  # (source dtype, cache dtype, kv_cache_dtype, slot dtype)
 ]
 
 
-def check_cache_write(rng, mk, device, src, cache, fmt, slot_dtype, strided=False):
+def check_reshape_and_cache_flash(rng, mk, device, src, cache, fmt, slot_dtype, strided=False):
     num_blocks, block_size, heads_k, head_dim, tokens = 5, 4, 2, 16, 9
     shape = (num_blocks, block_size, heads_k, head_dim)
     key = mk.random_array(rng, (tokens, heads_k, head_dim), src, scale=100.0)
@@ -306,12 +306,12 @@ def check_cache_write(rng, mk, device, src, cache, fmt, slot_dtype, strided=Fals
 
 @pytest.mark.parametrize("src,cache,fmt,slot_dtype", CACHE_CASES,
                          ids=["-".join(c) for c in CACHE_CASES])
-def test_cache_write(rng, mk, src, cache, fmt, slot_dtype):
-    check_cache_write(rng, mk, "cpu", src, cache, fmt, slot_dtype)
+def test_reshape_and_cache_flash(rng, mk, src, cache, fmt, slot_dtype):
+    check_reshape_and_cache_flash(rng, mk, "cpu", src, cache, fmt, slot_dtype)
 
 
-def test_cache_write_strided_cache(rng, mk):
-    check_cache_write(rng, mk, "cpu", "bfloat16", "bfloat16", "auto", "int64", strided=True)
+def test_reshape_and_cache_flash_strided_cache(rng, mk):
+    check_reshape_and_cache_flash(rng, mk, "cpu", "bfloat16", "bfloat16", "auto", "int64", strided=True)
 
 
 # ------------------------------------------------------------------ torch.library checks
@@ -456,13 +456,13 @@ def test_native_errors_raise_runtime_error():
 
 def test_params_layout_is_checked(monkeypatch):
     class Short(ctypes.Structure):
-        op = "cache_write"
+        op = "reshape_and_cache_flash"
         _fields_ = [("key", ctypes.c_void_p)]
 
-    monkeypatch.setitem(_capi.PARAMS, "cache_write", Short)
+    monkeypatch.setitem(_capi.PARAMS, "reshape_and_cache_flash", Short)
     _capi._functions.cache_clear()
     try:
-        with pytest.raises(ImportError, match="cache_write params struct is 104 bytes"):
+        with pytest.raises(ImportError, match="reshape_and_cache_flash params struct is 104 bytes"):
             _capi.check_layouts()
     finally:
         monkeypatch.undo()

@@ -8,7 +8,7 @@
 extern "C" {
 #endif
 
-typedef struct xla_attn_cache_write_params {
+typedef struct xla_attn_reshape_and_cache_flash_params {
   const void* key;           // [num_tokens, num_heads_k, head_dim]                 src_dtype
   const void* value;         // [num_tokens, num_heads_k, head_dim]                 src_dtype
   void* key_cache;           // [num_blocks, block_size, num_heads_k, head_dim]     cache_dtype
@@ -27,10 +27,10 @@ typedef struct xla_attn_cache_write_params {
   xla_attn_dtype cache_dtype;  // src_dtype, or f8e4m3 / f8e5m2 (quantized with the scales)
   xla_attn_dtype slot_dtype;   // i32 or i64
   int32_t reserved0;
-} xla_attn_cache_write_params;
+} xla_attn_reshape_and_cache_flash_params;
 
-XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_cache_write_params) == 7 * 8 + 2 * 8 + 8 * 4,
-                       "cache_write params layout is part of the C ABI v1");
+XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_reshape_and_cache_flash_params) == 7 * 8 + 2 * 8 + 8 * 4,
+                       "reshape_and_cache_flash params layout is part of the C ABI v1");
 
 #ifdef __cplusplus
 }

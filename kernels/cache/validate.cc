@@ -3,7 +3,7 @@
 
 namespace xla_attn {
 
-std::string validate(const xla_attn_cache_write_params& p) {
+std::string validate(const xla_attn_reshape_and_cache_flash_params& p) {
   Checker c("reshape_and_cache_flash");
   c.expect(is_float_dtype(p.src_dtype), "key/value dtype must be float32, float16 or bfloat16")
       .expect(p.cache_dtype == p.src_dtype || is_fp8_dtype(p.cache_dtype),

@@ -42,7 +42,7 @@ __device__ __forceinline__ void write_row(const Src* __restrict__ src, Cache* __
 }
 
 template <typename Src, typename Cache>
-__device__ void cache_write_portable(const xla_attn_cache_write_params& p) {
+__device__ void reshape_and_cache_flash_portable(const xla_attn_reshape_and_cache_flash_params& p) {
   constexpr int kVec = 16 / sizeof(Src);
   const int64_t row = int64_t(p.num_heads_k) * p.head_dim;
   // Vector path when every row starts on a vector boundary (row % kVec == 0) and the

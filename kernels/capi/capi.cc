@@ -64,7 +64,7 @@ int xla_attn_paged_attention(const xla_attn_paged_attention_params* p, int platf
                              char* e, size_t n) {
   return run_op(p, platform, stream, e, n);
 }
-int xla_attn_cache_write(const xla_attn_cache_write_params* p, int platform, void* stream, char* e,
+int xla_attn_reshape_and_cache_flash(const xla_attn_reshape_and_cache_flash_params* p, int platform, void* stream, char* e,
                          size_t n) {
   return run_op(p, platform, stream, e, n);
 }
@@ -122,7 +122,7 @@ size_t xla_attn_params_size(const char* op) {
   if (name == "flash_fwd") return sizeof(xla_attn_flash_fwd_params);
   if (name == "flash_bwd") return sizeof(xla_attn_flash_bwd_params);
   if (name == "paged_attention") return sizeof(xla_attn_paged_attention_params);
-  if (name == "cache_write") return sizeof(xla_attn_cache_write_params);
+  if (name == "reshape_and_cache_flash") return sizeof(xla_attn_reshape_and_cache_flash_params);
   return 0;
 }
 

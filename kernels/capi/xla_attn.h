@@ -26,7 +26,7 @@ XLA_ATTN_EXPORT int xla_attn_flash_bwd(const xla_attn_flash_bwd_params* params, 
                        char* error, size_t error_len);
 XLA_ATTN_EXPORT int xla_attn_paged_attention(const xla_attn_paged_attention_params* params, int platform,
                              void* stream, char* error, size_t error_len);
-XLA_ATTN_EXPORT int xla_attn_cache_write(const xla_attn_cache_write_params* params, int platform, void* stream,
+XLA_ATTN_EXPORT int xla_attn_reshape_and_cache_flash(const xla_attn_reshape_and_cache_flash_params* params, int platform, void* stream,
                          char* error, size_t error_len);
 
 /* The variant the dispatcher would pick for `op` on compute capability `arch`
@@ -47,7 +47,7 @@ XLA_ATTN_EXPORT size_t xla_attn_paged_attention_workspace_size(int64_t total_q,
                                                                int32_t num_heads, int32_t head_dim,
                                                                int32_t max_blocks_per_seq,
                                                                int32_t block_size);
-/* sizeof the params struct of `op` (flash_fwd, flash_bwd, paged_attention, cache_write),
+/* sizeof the params struct of `op` (flash_fwd, flash_bwd, paged_attention, reshape_and_cache_flash),
  * or 0: lets bindings that mirror the structs (ctypes) check their layout. */
 XLA_ATTN_EXPORT size_t xla_attn_params_size(const char* op);
 /* Compute capability of the current CUDA device, or -1 with a message. */

@@ -17,24 +17,24 @@ namespace xla_attn {
 std::string validate(const xla_attn_flash_fwd_params& p);
 std::string validate(const xla_attn_flash_bwd_params& p);
 std::string validate(const xla_attn_paged_attention_params& p);
-std::string validate(const xla_attn_cache_write_params& p);
+std::string validate(const xla_attn_reshape_and_cache_flash_params& p);
 
 std::string launch_cuda(const xla_attn_flash_fwd_params& p, cudaStream_t stream);
 std::string launch_cuda(const xla_attn_flash_bwd_params& p, cudaStream_t stream);
 std::string launch_cuda(const xla_attn_paged_attention_params& p, cudaStream_t stream);
-std::string launch_cuda(const xla_attn_cache_write_params& p, cudaStream_t stream);
+std::string launch_cuda(const xla_attn_reshape_and_cache_flash_params& p, cudaStream_t stream);
 
 // Device scratch the CUDA path needs (ops without any return 0).
 size_t workspace_size(const xla_attn_flash_fwd_params& p);
 size_t workspace_size(const xla_attn_paged_attention_params& p);
 inline size_t workspace_size(const xla_attn_flash_bwd_params&) { return 0; }
-inline size_t workspace_size(const xla_attn_cache_write_params&) { return 0; }
+inline size_t workspace_size(const xla_attn_reshape_and_cache_flash_params&) { return 0; }
 
 namespace host {
 std::string run(const xla_attn_flash_fwd_params& p);
 std::string run(const xla_attn_flash_bwd_params& p);
 std::string run(const xla_attn_paged_attention_params& p);
-std::string run(const xla_attn_cache_write_params& p);
+std::string run(const xla_attn_reshape_and_cache_flash_params& p);
 }  // namespace host
 
 template <typename Params>

@@ -37,7 +37,7 @@ class Module:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    op: str             # params struct / FFI target stem: cache_write, flash_fwd, ...
+    op: str             # params struct / FFI target stem: reshape_and_cache_flash, flash_fwd, ...
     family: str
     module: str
     kernel: str         # entry-point symbol
@@ -62,7 +62,7 @@ DTYPES = {
 }
 
 MODULES = (
-    Module("cache_write_portable", "cache/write_portable.cuh", min_arch=70),
+    Module("reshape_and_cache_flash_portable", "cache/write_portable.cuh", min_arch=70),
     Module("flash_fwd_portable", "flash/fwd_portable.cuh", min_arch=70),
     Module("flash_bwd_portable", "flash/bwd_portable.cuh", min_arch=70),
 )
@@ -73,17 +73,17 @@ HEAD_BUCKETS = ((1, 32), (33, 64), (65, 128), (129, 256))
 ALL_FEATURES = sum(FEATURES.values())
 
 
-def _cache_write_variants():
+def _reshape_and_cache_flash_variants():
     # Same-dtype copies plus quantizing writes into both fp8 formats: 3 + 3 * 2 = 9.
     for src, cache in itertools.chain(
         ((d, d) for d in ("f32", "f16", "bf16")),
         itertools.product(("f32", "f16", "bf16"), ("f8e4m3", "f8e5m2")),
     ):
         yield Variant(
-            op="cache_write", family="portable", module="cache_write_portable",
-            kernel=f"xla_attn_cache_write_portable_{src}_{cache}",
-            template=f"xla_attn::cache_write_portable<{DTYPES[src][1]}, {DTYPES[cache][1]}>",
-            params="xla_attn_cache_write_params", dtype0=src, dtype1=cache,
+            op="reshape_and_cache_flash", family="portable", module="reshape_and_cache_flash_portable",
+            kernel=f"xla_attn_reshape_and_cache_flash_portable_{src}_{cache}",
+            template=f"xla_attn::reshape_and_cache_flash_portable<{DTYPES[src][1]}, {DTYPES[cache][1]}>",
+            params="xla_attn_reshape_and_cache_flash_params", dtype0=src, dtype1=cache,
             threads=128,
         )
 
@@ -128,5 +128,5 @@ def _flash_bwd_variants():
             threads=128)
 
 
-VARIANTS = (tuple(_cache_write_variants()) + tuple(_flash_fwd_variants())
+VARIANTS = (tuple(_reshape_and_cache_flash_variants()) + tuple(_flash_fwd_variants())
             + tuple(_flash_bwd_variants()))

@@ -61,7 +61,7 @@ ffi::Error run_with_workspace(Params& p, int platform, cudaStream_t stream,
                               ffi::AnyBuffer* workspace) {
   std::string error = validate(p);
   if (!error.empty()) return to_error(error);
-  if constexpr (!std::is_same_v<Params, xla_attn_cache_write_params>) {
+  if constexpr (!std::is_same_v<Params, xla_attn_reshape_and_cache_flash_params>) {
     if (platform == XLA_ATTN_CUDA && workspace) {
       p.workspace = workspace->untyped_data();
       p.workspace_bytes = static_cast<int64_t>(workspace->size_bytes());

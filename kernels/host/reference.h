@@ -36,6 +36,6 @@ std::string flash_bwd(const xla_attn_flash_bwd_params& p);
 std::string paged_attention(const xla_attn_paged_attention_params& p);
 
 // reshape_and_cache_flash: scatter K/V tokens into the cache, quantizing for fp8.
-std::string cache_write(const xla_attn_cache_write_params& p);
+std::string reshape_and_cache_flash(const xla_attn_reshape_and_cache_flash_params& p);
 
 }  // namespace xla_attn::host

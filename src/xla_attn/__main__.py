@@ -36,7 +36,7 @@ def info(as_json: bool = False) -> int:
     if arch > 0:
         chosen = {}
         # paged_attention runs on the flash_fwd kernels (an fp8 cache: a mixed pair).
-        for name, op, d0, d1 in (("reshape_and_cache_flash", "cache_write", "bfloat16", "bfloat16"),
+        for name, op, d0, d1 in (("reshape_and_cache_flash", "reshape_and_cache_flash", "bfloat16", "bfloat16"),
                                  ("flash_attn_varlen", "flash_fwd", "bfloat16", "bfloat16"),
                                  ("flash backward", "flash_bwd_dq", "bfloat16", "bfloat16"),
                                  ("paged_attention", "flash_fwd", "bfloat16", "float8_e4m3fn")):
@@ -62,7 +62,7 @@ def info(as_json: bool = False) -> int:
                                   f"({m['bytes'] / 1e6:.2f} MB)" for m in build["modules"]))
     print(f"variants {len(build['variants'])}:")
     for v in build["variants"]:
-        print(f"  {v['op']:<16} {v['family']:<10} {v['dtype0']:>5} -> {v['dtype1']:<7} "
+        print(f"  {v['op']:<24} {v['family']:<10} {v['dtype0']:>5} -> {v['dtype1']:<7} "
               f"{v['kernel']}")
     if arch > 0:
         print(f"gpu      sm_{arch}")

@@ -154,7 +154,7 @@ class PagedAttentionParams(_Params):
 
 
 class CacheWriteParams(_Params):
-    op = "cache_write"
+    op = "reshape_and_cache_flash"
     _fields_ = [
         ("key", _void_p),
         ("value", _void_p),
@@ -180,7 +180,7 @@ PARAMS = {cls.op: cls for cls in (FlashFwdParams, FlashBwdParams, PagedAttention
                                   CacheWriteParams)}
 _RUN_SYMBOLS = {"flash_fwd": "xla_attn_flash_fwd", "flash_bwd": "xla_attn_flash_bwd",
                 "paged_attention": "xla_attn_paged_attention",
-                "cache_write": "xla_attn_cache_write"}
+                "reshape_and_cache_flash": "xla_attn_reshape_and_cache_flash"}
 
 
 @functools.cache
@@ -240,8 +240,8 @@ def paged_attention(params: PagedAttentionParams, platform: int, stream: int | N
     _run("paged_attention", params, platform, stream)
 
 
-def cache_write(params: CacheWriteParams, platform: int, stream: int | None = None) -> None:
-    _run("cache_write", params, platform, stream)
+def reshape_and_cache_flash(params: CacheWriteParams, platform: int, stream: int | None = None) -> None:
+    _run("reshape_and_cache_flash", params, platform, stream)
 
 
 def workspace_size(params: _Params) -> int:

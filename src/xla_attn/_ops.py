@@ -254,7 +254,7 @@ def paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables, 
                      kv_cache_dtype=fmt)
 
 
-def cache_write_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+def reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                      k_scale, v_scale) -> str:
     """Returns the normalised kv_cache_dtype attribute."""
     c = _Check("reshape_and_cache_flash")

@@ -190,7 +190,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     `slot_mapping` (slot -1 skipped); fp8 formats quantize as `x / scale`. Returns the
     updated `(key_cache, value_cache)`, aliased onto the inputs: under `jax.jit` with
     the caches donated the update happens in place."""
-    fmt = _ops.cache_write_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+    fmt = _ops.reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                                 k_scale, v_scale)
     key_cache, value_cache = jnp.asarray(key_cache), jnp.asarray(value_cache)
     results = (jax.ShapeDtypeStruct(key_cache.shape, key_cache.dtype),

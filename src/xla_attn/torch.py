@@ -242,11 +242,11 @@ def _paged_attention_fake(query, key_cache, value_cache, seq_lens, block_tables,
 # ---------------------------------------------------------------- KV-cache write op
 @torch.library.custom_op("xla_attn::reshape_and_cache_flash",
                          mutates_args=("key_cache", "value_cache"), device_types=_DEVICES)
-def _cache_write(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                  slot_mapping: Tensor, k_scale: Optional[Tensor], v_scale: Optional[Tensor],
                  kv_cache_dtype: str) -> None:
     op = "xla_attn::reshape_and_cache_flash"
-    fmt = _ops.cache_write_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+    fmt = _ops.reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                                 k_scale, v_scale)
     _same_device(op, key.device, value=value, key_cache=key_cache, value_cache=value_cache,
                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
@@ -261,15 +261,15 @@ def _cache_write(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Ten
         num_slots=num_blocks * block_size, num_heads_k=num_heads_k, head_dim=head_dim,
         block_size=block_size, num_blocks=num_blocks, src_dtype=_code(key),
         cache_dtype=_cache_code(op, kc, fmt), slot_dtype=_code(slots))
-    _launch(_capi.cache_write, p, key.device)
+    _launch(_capi.reshape_and_cache_flash, p, key.device)
     if kc is not key_cache:
         key_cache.copy_(kc)
     if vc is not value_cache:
         value_cache.copy_(vc)
 
 
-@_cache_write.register_fake
-def _cache_write_fake(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+@_reshape_and_cache_flash.register_fake
+def _reshape_and_cache_flash_fake(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
                       kv_cache_dtype):
     return None
 
@@ -332,7 +332,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     """Scatter `key`/`value` `(num_tokens, Hk, D)` into the paged caches at
     `slot_mapping` (slot -1 skipped) in place, as vLLM's op does; fp8 formats
     quantize as `x / scale`. Returns None."""
-    fmt = _ops.cache_write_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+    fmt = _ops.reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                                 k_scale, v_scale)
     torch.ops.xla_attn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
                                                k_scale, v_scale, fmt)

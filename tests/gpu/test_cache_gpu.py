@@ -78,7 +78,7 @@ def run_and_check(case, device, kv_cache_dtype, scales, jit=False):
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 @pytest.mark.parametrize("slot_dtype", [np.int32, np.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("shape", ["small", "odd"])
-def test_cache_write_gpu(rng, mk, gpu_device, src, fmt, slot_dtype, shape):
+def test_reshape_and_cache_flash_gpu(rng, mk, gpu_device, src, fmt, slot_dtype, shape):
     storage, kv_cache_dtype = fmt
     scales = {} if storage is None else dict(k_scale=0.37, v_scale=[2.5])
     with jax.enable_x64(slot_dtype == np.int64):
@@ -90,7 +90,7 @@ def test_cache_write_gpu(rng, mk, gpu_device, src, fmt, slot_dtype, shape):
 @pytest.mark.parametrize("fmt", FORMATS[:2] + FORMATS[3:5] + FORMATS[6:7],
                          ids=FORMAT_IDS[:2] + FORMAT_IDS[3:5] + FORMAT_IDS[6:7])
 @pytest.mark.parametrize("shape", ["decode", "prefill"])
-def test_cache_write_gpu_large_jit_donated(rng, mk, gpu_device, src, fmt, shape):
+def test_reshape_and_cache_flash_gpu_large_jit_donated(rng, mk, gpu_device, src, fmt, shape):
     storage, kv_cache_dtype = fmt
     scales = {} if storage is None else dict(k_scale=0.05, v_scale=3.0)
     case = make_case(rng, mk, src, storage, *SHAPES[shape], np.int32)
@@ -98,7 +98,7 @@ def test_cache_write_gpu_large_jit_donated(rng, mk, gpu_device, src, fmt, shape)
 
 
 @pytest.mark.parametrize("fmt", [(None, "auto"), ("uint8", "fp8")], ids=["same", "uint8"])
-def test_cache_write_gpu_in_place(rng, mk, gpu_device, fmt):
+def test_reshape_and_cache_flash_gpu_in_place(rng, mk, gpu_device, fmt):
     storage, kv_cache_dtype = fmt
     case = make_case(rng, mk, "bfloat16", storage, *SHAPES["decode"], np.int32)
     fn = jax.jit(functools.partial(xj.reshape_and_cache_flash, kv_cache_dtype=kv_cache_dtype),
@@ -115,7 +115,7 @@ def test_cache_write_gpu_in_place(rng, mk, gpu_device, fmt):
     ref.assert_bits_equal(np.asarray(vc), want[1])
 
 
-def test_cache_write_gpu_matches_cpu(rng, mk, gpu_device):
+def test_reshape_and_cache_flash_gpu_matches_cpu(rng, mk, gpu_device):
     """The CUDA kernel and the Host implementation store the same bits."""
     case = make_case(rng, mk, "bfloat16", "uint8", *SHAPES["decode"], np.int32)
     outs = []

@@ -80,16 +80,16 @@ def test_paged_attention_fp8(rng, mk, dtype, cache, fmt):
 
 @pytest.mark.parametrize("src,cache,fmt,slot_dtype", cases.CACHE_CASES,
                          ids=["-".join(c) for c in cases.CACHE_CASES])
-def test_cache_write(rng, mk, src, cache, fmt, slot_dtype):
-    on_cuda(cases.check_cache_write, rng, mk, DEVICE, src, cache, fmt, slot_dtype)
+def test_reshape_and_cache_flash(rng, mk, src, cache, fmt, slot_dtype):
+    on_cuda(cases.check_reshape_and_cache_flash, rng, mk, DEVICE, src, cache, fmt, slot_dtype)
 
 
-def test_cache_write_strided_cache(rng, mk):
-    on_cuda(cases.check_cache_write, rng, mk, DEVICE, "bfloat16", "bfloat16", "auto", "int64",
+def test_reshape_and_cache_flash_strided_cache(rng, mk):
+    on_cuda(cases.check_reshape_and_cache_flash, rng, mk, DEVICE, "bfloat16", "bfloat16", "auto", "int64",
             strided=True)
 
 
-def test_cache_write_on_a_side_stream(rng, mk):
+def test_reshape_and_cache_flash_on_a_side_stream(rng, mk):
     """The write is ordered on torch's current stream, not the default one."""
     stream = torch.cuda.Stream()
     s = cases.small_inputs(DEVICE)
@@ -105,7 +105,7 @@ def test_cache_write_on_a_side_stream(rng, mk):
     assert torch.equal(got, key)
 
 
-def test_cache_write_in_a_cuda_graph():
+def test_reshape_and_cache_flash_in_a_cuda_graph():
     """Captured once, replayed with new keys and slots (what a vLLM decode step does)."""
     s = cases.small_inputs(DEVICE)
     key, slots = s["k"].clone(), s["slots"].clone()
@@ -200,7 +200,7 @@ def test_missing_kernels_say_so():
         "flash_fwd": lambda: xt.flash_attn_varlen(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"]),
         "paged_attention": lambda: xt.paged_attention(s["q"], s["kc"], s["vc"], s["lens"],
                                                       s["table"], s["cu_q"], 0.2),
-        "cache_write": lambda: xt.reshape_and_cache_flash(s["k"], s["v"], s["kc"], s["vc"],
+        "reshape_and_cache_flash": lambda: xt.reshape_and_cache_flash(s["k"], s["v"], s["kc"], s["vc"],
                                                           s["slots"]),
     }
     for call in calls.values():
@@ -232,7 +232,7 @@ def test_compile_grad():
     on_cuda(cases.check_compile_grad, DEVICE, "inductor")
 
 
-def test_compile_cache_write():
+def test_compile_reshape_and_cache_flash():
     """The one op with a CUDA kernel today, compiled with inductor (in place)."""
     torch._dynamo.reset()
     s = cases.small_inputs(DEVICE, seed=3)

@@ -135,7 +135,7 @@ def check_paged(rng, repeats: int, device) -> list[Row]:
     return rows
 
 
-def check_cache_write(rng, repeats: int, device) -> list[Row]:
+def check_reshape_and_cache_flash(rng, repeats: int, device) -> list[Row]:
     import jax
     import jax.numpy as jnp
 
@@ -200,7 +200,7 @@ def run_all(repeats: int = 20, seed: int | None = None) -> list[Row]:
     cpu = jax.devices("cpu")[0]
     rng = np.random.default_rng(seed)
     rows = []
-    for check in (check_flash, check_paged, check_cache_write):
+    for check in (check_flash, check_paged, check_reshape_and_cache_flash):
         got = check(rng, repeats, best)
         rows += got
         if best.platform != "cpu" and any(r.status == "N/A" for r in got):

@@ -1,4 +1,4 @@
-// cache_write (reshape_and_cache_flash): token t's key and value rows go to row
+// reshape_and_cache_flash (reshape_and_cache_flash): token t's key and value rows go to row
 // slot_mapping[t] of the caches viewed as [num_slots, num_heads_k, head_dim].
 // Slots outside [0, num_slots) (-1 is padding) are skipped. A cache in the source
 // dtype receives the bits unchanged; an fp8 cache receives
@@ -39,14 +39,14 @@ void write_row(const void* src, int64_t src_row, xla_attn_dtype src_dtype, void*
 
 }  // namespace
 
-std::string cache_write(const xla_attn_cache_write_params& p) {
+std::string reshape_and_cache_flash(const xla_attn_reshape_and_cache_flash_params& p) {
   if (!is_float_dtype(p.src_dtype))  // common/checks.h: f32, f16 or bf16
-    return "cache_write: src_dtype must be f32, f16 or bf16";
+    return "reshape_and_cache_flash: src_dtype must be f32, f16 or bf16";
   if (p.cache_dtype != p.src_dtype && !is_fp8_dtype(p.cache_dtype))
-    return "cache_write: cache_dtype must be src_dtype or an fp8 dtype";
+    return "reshape_and_cache_flash: cache_dtype must be src_dtype or an fp8 dtype";
   if (p.slot_dtype != XLA_ATTN_I32 && p.slot_dtype != XLA_ATTN_I64)
-    return "cache_write: slot_mapping must be i32 or i64";
-  if (p.num_heads_k < 0 || p.head_dim < 0 || p.num_tokens < 0) return "cache_write: negative size";
+    return "reshape_and_cache_flash: slot_mapping must be i32 or i64";
+  if (p.num_heads_k < 0 || p.head_dim < 0 || p.num_tokens < 0) return "reshape_and_cache_flash: negative size";
 
   const int64_t row_elems = int64_t{p.num_heads_k} * p.head_dim;
   // Scales only quantize; a cache in the source dtype ignores them.

@@ -55,7 +55,7 @@ ffi::Error CacheWrite(cudaStream_t stream, int platform, ffi::AnyBuffer key, ffi
               "kv_cache_dtype names a format other than the cache array's dtype");
   if (!c.ok()) return to_error(c.error());
 
-  xla_attn_cache_write_params p{};
+  xla_attn_reshape_and_cache_flash_params p{};
   p.key = key.untyped_data();
   p.value = value.untyped_data();
   p.key_cache = key_cache_out->untyped_data();
