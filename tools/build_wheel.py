@@ -115,7 +115,8 @@ def check(wheels: list[pathlib.Path], budget_mb: float) -> None:
 
 
 # ------------------------------------------------------------------ smoke
-def smoke(wheel: pathlib.Path, flavour: str | None) -> None:
+def smoke(wheel: pathlib.Path, flavour: str, archs: str | None = None) -> None:
+    """archs: what the wheel was built for (default: the flavour's full set)."""
     with tempfile.TemporaryDirectory() as tmp:
         venv = pathlib.Path(tmp, "venv")
         run([sys.executable, "-m", "venv", str(venv)])
@@ -123,11 +124,11 @@ def smoke(wheel: pathlib.Path, flavour: str | None) -> None:
         run([py, "-m", "pip", "install", "-q", f"{wheel}[jax]"])
         info = json.loads(run([py, "-m", "xla_attn", "info", "--json"], capture_output=True,
                               text=True, cwd=tmp).stdout)
-        archs = {a for m in info["modules"] for a in m["archs"].split(";")}
-        want = set(FLAVOURS[flavour or "cu12"]["archs"].split(";"))
-        print(f"installed wheel: {info['cuda']}; cubins for sm_{', sm_'.join(sorted(archs))}")
-        if flavour and not want <= archs:
-            raise SystemExit(f"smoke: the wheel lacks cubins for {sorted(want - archs)}")
+        want = set((archs or FLAVOURS[flavour]["archs"]).replace(",", ";").split(";"))
+        have = {a for m in info["modules"] for a in m["archs"].split(";")}
+        print(f"installed wheel: {info['cuda']}; cubins for sm_{', sm_'.join(sorted(have))}")
+        if not want <= have:
+            raise SystemExit(f"smoke: the wheel lacks cubins for {sorted(want - have)}")
         run([py, "-m", "xla_attn", "check", "--repeats", "3"], cwd=tmp)
 
 
@@ -155,7 +156,7 @@ def build(flavour: str, archs: str | None, out: pathlib.Path, repair: bool, budg
             wheel = pathlib.Path(shutil.copy2(wheel, out))
     check([wheel], budget_mb)
     if do_smoke:
-        smoke(wheel, flavour)
+        smoke(wheel, flavour, archs)
     print(f"built {wheel}")
     return wheel
 
