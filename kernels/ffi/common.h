@@ -52,6 +52,57 @@ inline xla_attn_dtype cache_format(std::string_view name, xla_attn_dtype stored)
   return -1;
 }
 
+// Checks shared by the handlers of several targets (one message each, one place).
+inline void check_scales(Checker& c, const ffi::AnyBuffer& k_scale, const ffi::AnyBuffer& v_scale) {
+  for (const ffi::AnyBuffer* b : {&k_scale, &v_scale}) {
+    c.expect(b->element_count() <= 1 && to_dtype(b->element_type()) == XLA_ATTN_F32,
+             "k_scale and v_scale must be float32 scalars");
+  }
+}
+
+// The storage format of a paged cache: its array dtype, or the fp8 format a uint8
+// cache holds (kv_cache_dtype); -1 with a recorded error when they disagree.
+inline xla_attn_dtype checked_cache_format(Checker& c, std::string_view kv_cache_dtype,
+                                           const ffi::AnyBuffer& cache) {
+  const xla_attn_dtype stored = to_dtype(cache.element_type());
+  const xla_attn_dtype format = cache_format(kv_cache_dtype, stored);
+  c.expect(format >= 0, "kv_cache_dtype must be auto, fp8, fp8_e4m3 or fp8_e5m2")
+      .expect(stored != XLA_ATTN_U8 || format != stored,
+              "a uint8 cache needs kv_cache_dtype fp8_e4m3 or fp8_e5m2")
+      .expect(stored == XLA_ATTN_U8 || stored == format,
+              "kv_cache_dtype names a format other than the cache array's dtype");
+  return format;
+}
+
+// Flash forward and backward: the int32 params fields the i64 attributes land in,
+// and the ALiBi operand. Returns the ALiBi batch stride (0: shared by all sequences).
+inline int32_t check_flash_common(Checker& c, int64_t window_left, int64_t window_right,
+                                  int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                  const ffi::AnyBuffer& alibi, int64_t batch, int64_t num_heads) {
+  c.expect(fits_int32(window_left) && fits_int32(window_right) && fits_int32(max_seqlen_q) &&
+               fits_int32(max_seqlen_k),
+           "window_left, window_right, max_seqlen_q, max_seqlen_k must fit in int32")
+      .expect(alibi.element_count() == 0 ||
+                  (to_dtype(alibi.element_type()) == XLA_ATTN_F32 &&
+                   (alibi.element_count() == size_t(num_heads) ||
+                    alibi.element_count() == size_t(batch * num_heads))),
+              "alibi_slopes must be float32 [num_heads] or [batch, num_heads]");
+  return alibi.element_count() == size_t(batch * num_heads) && batch > 1
+             ? static_cast<int32_t>(num_heads) : 0;
+}
+
+// The attributes xla_attn_flash_fwd_v1 and _bwd_v1 share (docs/xla-targets.md).
+template <typename B>
+auto with_flash_attributes(B binding) {
+  return std::move(binding)
+      .template Attr<float>("softmax_scale")
+      .template Attr<float>("softcap")
+      .template Attr<int64_t>("window_left")
+      .template Attr<int64_t>("window_right")
+      .template Attr<int64_t>("max_seqlen_q")
+      .template Attr<int64_t>("max_seqlen_k");
+}
+
 // The workspace a CUDA kernel needs is an extra result of the custom call, sized by
 // the frontend with xla_attn_*_workspace_size() (XLA's own allocator then owns it,
 // and the call stays capturable in a command buffer). Too small is an error, never

@@ -24,9 +24,10 @@ ffi::Error FlashBwd(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi:
                   to_dtype(cu_seqlens_q.element_type()) == XLA_ATTN_I32 &&
                   to_dtype(cu_seqlens_k.element_type()) == XLA_ATTN_I32,
               "cu_seqlens_q and cu_seqlens_k must be int32 [batch + 1]");
-  c.expect(fits_int32(window_left) && fits_int32(window_right) && fits_int32(max_seqlen_q) && fits_int32(max_seqlen_k), "window_left, window_right, max_seqlen_q, max_seqlen_k must fit in int32");
   if (!c.ok()) return to_error(c.error());
   const int64_t batch = cu_seqlens_q.element_count() - 1;
+  const int32_t alibi_stride = check_flash_common(c, window_left, window_right, max_seqlen_q,
+                                                  max_seqlen_k, alibi, batch, dim(q, 1));
   const xla_attn_dtype dtype = to_dtype(q.element_type());
   c.expect(dim(k, 2) == dim(q, 2), "k's head_dim must equal q's")
       .expect(rank(lse) == 2 && dim(lse, 0) == dim(q, 1) && dim(lse, 1) == dim(q, 0) &&
@@ -35,12 +36,7 @@ ffi::Error FlashBwd(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi:
       .expect(seqused_k.element_count() == 0 ||
                   (seqused_k.element_count() == size_t(batch) &&
                    to_dtype(seqused_k.element_type()) == XLA_ATTN_I32),
-              "seqused_k must be int32 [batch]")
-      .expect(alibi.element_count() == 0 ||
-                  (to_dtype(alibi.element_type()) == XLA_ATTN_F32 &&
-                   (alibi.element_count() == size_t(dim(q, 1)) ||
-                    alibi.element_count() == size_t(batch * dim(q, 1)))),
-              "alibi_slopes must be float32 [num_heads] or [batch, num_heads]");
+              "seqused_k must be int32 [batch]");
   for (const ffi::AnyBuffer* b : {&dout, &k, &v, &out}) {
     c.expect(to_dtype(b->element_type()) == dtype, "dout, q, k, v, out must share one dtype");
   }
@@ -71,8 +67,7 @@ ffi::Error FlashBwd(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi:
   p.head_dim = static_cast<int32_t>(dim(q, 2));
   p.max_seqlen_q = static_cast<int32_t>(max_seqlen_q);
   p.max_seqlen_k = static_cast<int32_t>(max_seqlen_k);
-  p.alibi_batch_stride =
-      alibi.element_count() == size_t(batch * dim(q, 1)) && batch > 1 ? p.num_heads : 0;
+  p.alibi_batch_stride = alibi_stride;
   p.window_left = static_cast<int32_t>(window_left);
   p.window_right = static_cast<int32_t>(window_right);
   p.softmax_scale = softmax_scale;
@@ -83,7 +78,7 @@ ffi::Error FlashBwd(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi:
 
 template <typename B>
 auto Signature(B binding) {
-  return std::move(binding).template Arg<ffi::AnyBuffer>()  // dout
+  return with_flash_attributes(std::move(binding).template Arg<ffi::AnyBuffer>()  // dout
       .template Arg<ffi::AnyBuffer>()            // q
       .template Arg<ffi::AnyBuffer>()            // k
       .template Arg<ffi::AnyBuffer>()            // v
@@ -95,13 +90,7 @@ auto Signature(B binding) {
       .template Arg<ffi::AnyBuffer>()            // alibi_slopes
       .template Ret<ffi::AnyBuffer>()            // dq
       .template Ret<ffi::AnyBuffer>()            // dk
-      .template Ret<ffi::AnyBuffer>()            // dv
-      .template Attr<float>("softmax_scale")
-      .template Attr<float>("softcap")
-      .template Attr<int64_t>("window_left")
-      .template Attr<int64_t>("window_right")
-      .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<int64_t>("max_seqlen_k");
+      .template Ret<ffi::AnyBuffer>());            // dv
 }
 
 }  // namespace

@@ -27,20 +27,16 @@ ffi::Error FlashFwd(cudaStream_t stream, int platform, ffi::AnyBuffer q, ffi::An
                   to_dtype(seqused_k.element_type()) == XLA_ATTN_I32 &&
                   to_dtype(block_table.element_type()) == XLA_ATTN_I32,
               "index operands must be int32");
-  c.expect(fits_int32(window_left) && fits_int32(window_right) && fits_int32(max_seqlen_q) && fits_int32(max_seqlen_k), "window_left, window_right, max_seqlen_q, max_seqlen_k must fit in int32");
   if (!c.ok()) return to_error(c.error());
   const int64_t batch = cu_seqlens_q.element_count() - 1;
+  const int32_t alibi_stride = check_flash_common(c, window_left, window_right, max_seqlen_q,
+                                                  max_seqlen_k, alibi, batch, dim(q, 1));
   const int64_t head_dim = dim(q, 2);
   c.expect(dim(k, rank(k) - 1) == head_dim, "k's head_dim must equal q's")
       .expect(seqused_k.element_count() == 0 || seqused_k.element_count() == size_t(batch),
               "seqused_k must be [batch]")
       .expect(!paged || (rank(block_table) == 2 && dim(block_table, 0) == batch),
               "block_table must be [batch, max_blocks_per_seq]")
-      .expect(alibi.element_count() == 0 ||
-                  (to_dtype(alibi.element_type()) == XLA_ATTN_F32 &&
-                   (alibi.element_count() == size_t(dim(q, 1)) ||
-                    alibi.element_count() == size_t(batch * dim(q, 1)))),
-              "alibi_slopes must be float32 [num_heads] or [batch, num_heads]")
       .expect(out->dimensions() == q.dimensions(), "out must have q's shape")
       .expect(rank(*lse) == 2 && dim(*lse, 0) == dim(q, 1) && dim(*lse, 1) == dim(q, 0) &&
                   to_dtype(lse->element_type()) == XLA_ATTN_F32,
@@ -80,8 +76,7 @@ ffi::Error FlashFwd(cudaStream_t stream, int platform, ffi::AnyBuffer q, ffi::An
   } else {
     p.total_k = dim(k, 0);
   }
-  p.alibi_batch_stride =
-      alibi.element_count() == size_t(batch * dim(q, 1)) && batch > 1 ? p.num_heads : 0;
+  p.alibi_batch_stride = alibi_stride;
   p.window_left = static_cast<int32_t>(window_left);
   p.window_right = static_cast<int32_t>(window_right);
   p.softmax_scale = softmax_scale;
@@ -94,7 +89,7 @@ ffi::Error FlashFwd(cudaStream_t stream, int platform, ffi::AnyBuffer q, ffi::An
 
 template <typename B>
 auto Signature(B binding) {
-  return std::move(binding).template Arg<ffi::AnyBuffer>()  // q
+  return with_flash_attributes(std::move(binding).template Arg<ffi::AnyBuffer>()  // q
       .template Arg<ffi::AnyBuffer>()            // k
       .template Arg<ffi::AnyBuffer>()            // v
       .template Arg<ffi::AnyBuffer>()            // cu_seqlens_q
@@ -107,13 +102,7 @@ auto Signature(B binding) {
       .template Arg<ffi::AnyBuffer>()            // v_descale
       .template Ret<ffi::AnyBuffer>()            // out
       .template Ret<ffi::AnyBuffer>()            // softmax_lse
-      .template Ret<ffi::AnyBuffer>()            // workspace (u8, xla_attn_flash_fwd_workspace_size)
-      .template Attr<float>("softmax_scale")
-      .template Attr<float>("softcap")
-      .template Attr<int64_t>("window_left")
-      .template Attr<int64_t>("window_right")
-      .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<int64_t>("max_seqlen_k");
+      .template Ret<ffi::AnyBuffer>());            // workspace (u8, xla_attn_flash_fwd_workspace_size)
 }
 
 }  // namespace

@@ -34,15 +34,8 @@ ffi::Error PagedAttention(cudaStream_t stream, int platform, ffi::AnyBuffer quer
   for (const ffi::AnyBuffer* b : {&seq_lens, &block_tables, &query_start_loc, &num_seqs}) {
     c.expect(to_dtype(b->element_type()) == XLA_ATTN_I32, "index operands must be int32");
   }
-  for (const ffi::AnyBuffer* b : {&k_scale, &v_scale}) {
-    c.expect(b->element_count() <= 1 && to_dtype(b->element_type()) == XLA_ATTN_F32,
-             "k_scale and v_scale must be float32 scalars");
-  }
-  const xla_attn_dtype stored = to_dtype(key_cache.element_type());
-  const xla_attn_dtype format = cache_format(kv_cache_dtype, stored);
-  c.expect(format >= 0, "kv_cache_dtype must be auto, fp8, fp8_e4m3 or fp8_e5m2")
-      .expect(stored != XLA_ATTN_U8 || format != stored,
-              "a uint8 cache needs kv_cache_dtype fp8_e4m3 or fp8_e5m2");
+  check_scales(c, k_scale, v_scale);
+  const xla_attn_dtype format = checked_cache_format(c, kv_cache_dtype, key_cache);
   if (!c.ok()) return to_error(c.error());
 
   xla_attn_paged_attention_params p{};
