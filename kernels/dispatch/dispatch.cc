@@ -96,6 +96,14 @@ cudaKernel_t kernel(const VariantEntry& variant, std::string* error) {
   const size_t index = &variant - kVariants;
   std::lock_guard<std::mutex> lock(mu);
   if (kernels[index]) return kernels[index];
+  // XLA records command-buffer-compatible handlers under stream capture, so the first
+  // use of a module may come while this thread's stream is capturing: loading a
+  // module is not a stream operation, and relaxed mode lets it happen there.
+  struct RelaxedCapture {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+    ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+  } relaxed;
   cudaLibrary_t& lib = libraries[variant.module];
   if (!lib) {
     cudaError_t st = cudaLibraryLoadData(&lib, kModules[variant.module].begin, nullptr, nullptr, 0,

@@ -122,7 +122,10 @@ ffi::Error run_with_workspace(Params& p, int platform, cudaStream_t stream,
 }
 
 // Host handlers have no stream; both platforms share one body taking (stream,
-// platform, ...). Written out rather than through XLA_FFI_DEFINE_HANDLER_SYMBOL,
+// platform, ...). The CUDA handlers are command-buffer compatible (XLA may replay
+// them in a CUDA graph): they only enqueue work on the stream they are given — no
+// host synchronisation, no allocation (scratch is a result buffer), no host reads of
+// device data, and the same launches for the same shapes on every call. Written out rather than through XLA_FFI_DEFINE_HANDLER_SYMBOL,
 // which needs a plain function per platform.
 #define XLA_ATTN_DEFINE_HANDLERS(HostName, CudaName, Body, Signature)                   \
   extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* HostName(XLA_FFI_CallFrame* call_frame) {                   \
@@ -136,8 +139,9 @@ ffi::Error run_with_workspace(Params& p, int platform, cudaStream_t stream,
     static auto* handler =                                                              \
         Signature(::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()) \
             .To([](cudaStream_t stream, auto... args) {                                 \
-              return Body(stream, XLA_ATTN_CUDA, args...);                              \
-            })                                                                          \
+                  return Body(stream, XLA_ATTN_CUDA, args...);                          \
+                },                                                                      \
+                {::xla::ffi::Traits::kCmdBufferCompatible})                             \
             .release();                                                                 \
     return handler->Call(call_frame);                                                   \
   }
