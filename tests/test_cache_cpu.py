@@ -242,3 +242,43 @@ def test_aliasing_is_declared_without_jit_donation(rng, mk):
     text = jax.jit(xj.reshape_and_cache_flash).lower(*args).as_text()
     assert "output_operand_aliases" in text
     assert "xla_attn_reshape_and_cache_flash_v1" in text
+
+
+def test_decode_step_moves_no_cache_copy(rng, mk):
+    """A serving decode step in one jit — write the new tokens' K/V, then attend over
+    the paged cache — with the caches donated: both caches are aliased through, no
+    copy of either exists in the compiled program, the buffers are reused, and the
+    attention sees the tokens just written."""
+    num_blocks, block_size, heads, heads_k, dim, seqs = 12, 16, 4, 2, 32, 3
+    shape = (num_blocks, block_size, heads_k, dim)
+    kc = mk.random_array(rng, shape, "bfloat16")
+    vc = mk.random_array(rng, shape, "bfloat16")
+    tables = rng.permutation(num_blocks).astype(np.int32).reshape(seqs, 4)
+    seq_lens = np.array([17, 40, 5], np.int32)
+    # The newest token of each sequence (position seq_len - 1) is written this step.
+    slots = np.array([tables[s, (n - 1) // block_size] * block_size + (n - 1) % block_size
+                      for s, n in enumerate(seq_lens)], np.int32)
+    new_k = mk.random_array(rng, (seqs, heads_k, dim), "bfloat16")
+    new_v = mk.random_array(rng, (seqs, heads_k, dim), "bfloat16")
+    query = mk.random_array(rng, (seqs, heads, dim), "bfloat16")
+    qsl = np.arange(seqs + 1, dtype=np.int32)
+
+    def step(kc, vc, q, k, v, slots, seq_lens, tables, qsl):
+        kc, vc = xj.reshape_and_cache_flash(k, v, kc, vc, slots)
+        return kc, vc, xj.paged_attention(q, kc, vc, seq_lens, tables, qsl, 0.2)
+
+    fn = jax.jit(step, donate_argnums=(0, 1))
+    args = [_fresh(kc), _fresh(vc)] + [jnp.asarray(x) for x in
+                                       (query, new_k, new_v, slots, seq_lens, tables, qsl)]
+    text = fn.lower(*args).compile().as_text()
+    assert "input_output_alias" in text
+    copies = _copies_of(text, shape)
+    assert not copies, "the decode step copies a cache:\n" + "\n".join(copies)
+
+    pointers = [args[0].unsafe_buffer_pointer(), args[1].unsafe_buffer_pointer()]
+    got_k, got_v, out = fn(*args)
+    assert [got_k.unsafe_buffer_pointer(), got_v.unsafe_buffer_pointer()] == pointers
+    want_k, want_v = ref.reshape_and_cache_flash_ref(new_k, new_v, kc, vc, slots)
+    ref.assert_bits_equal(np.asarray(got_k), want_k)
+    want = ref.paged_attention_ref(query, want_k, want_v, seq_lens, tables, qsl, 0.2)
+    ref.assert_attention_close(out, want, "bfloat16")
