@@ -14,21 +14,7 @@ buffers (CUDA graphs) on and off:
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
-
-
-def median_seconds(fn, args, repeats=200):
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def main() -> int:
@@ -36,6 +22,7 @@ def main() -> int:
     import jax.numpy as jnp
 
     import xla_attn.jax as xj
+    from xla_attn.testing.checks import median_seconds
 
     key = jnp.ones((1, 1, 8), jnp.bfloat16)
     slot = jnp.zeros((1,), jnp.int32)
@@ -57,10 +44,10 @@ def main() -> int:
     cache = jnp.zeros((2, 16, 1, 8), jnp.bfloat16)
     x = jnp.ones((1024,), jnp.float32)
     rows = {
-        "xla_attn reshape_and_cache_flash": (median_seconds(ours(101), (cache, cache)) -
-                                             median_seconds(ours(1), (cache, cache))) / 100,
-        "native XLA sort (1024 floats)": (median_seconds(native(101), (x,)) -
-                                      median_seconds(native(1), (x,))) / 100,
+        "xla_attn reshape_and_cache_flash": (median_seconds(ours(101), (cache, cache), 200) -
+                                             median_seconds(ours(1), (cache, cache), 200)) / 100,
+        "native XLA sort (1024 floats)": (median_seconds(native(101), (x,), 200) -
+                                      median_seconds(native(1), (x,), 200)) / 100,
     }
     flags = os.environ.get("XLA_FLAGS", "") or "(default: command buffers on)"
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, XLA_FLAGS {flags}")

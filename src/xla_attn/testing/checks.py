@@ -38,7 +38,8 @@ def rel_error(out, expected) -> float:
     return float(np.linalg.norm(out - expected) / (denom if denom else 1.0))
 
 
-def _time(fn, args, repeats: int) -> float:
+def median_seconds(fn, args, repeats: int) -> float:
+    """Median wall time of fn(*args) after a warm-up (compile, module load)."""
     import jax
 
     jax.block_until_ready(fn(*args))  # compile + warm up
@@ -186,7 +187,7 @@ def _run(name, dtype, device, fn, args, repeats, error_of, exact=False) -> Row:
         return Row(name, device.platform, dtype, float("inf"), bound, None, "FAIL", note=message)
     err = error_of(result)
     ok = err <= bound
-    seconds = _time(fn, args, repeats) if repeats else None
+    seconds = median_seconds(fn, args, repeats) if repeats else None
     return Row(name, device.platform, dtype, err, bound, seconds, "PASS" if ok else "FAIL",
                exact=exact)
 
