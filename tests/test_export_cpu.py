@@ -1,6 +1,6 @@
 """Serialized programs keep working: jax.export round trip of every op (the target
 names carry the version, docs/xla-targets.md), and vmap over a leading batch axis
-(vmap_method="sequential": one custom call per element, equal to a Python loop)."""
+(equal to a Python loop; every op's vmap is in test_vmap_cpu.py)."""
 
 import jax
 from jax import export as jax_export

@@ -484,10 +484,39 @@ def test_routing_to_torch(rng, mk):
     assert isinstance(paged, torch.Tensor)
 
 
-def test_routing_refuses_xla_tensors():
+def test_routing_of_xla_tensors_needs_torch_xla():
+    import importlib.util
+
+    if importlib.util.find_spec("torch_xla") is not None:
+        pytest.skip("torch_xla is installed (tests/test_torch_xla_cpu.py covers the routing)")
+
     class FakeXlaTensor:  # stands in for a torch tensor on torch_xla's device
         __module__ = "torch"
         device = torch.device("xla")
 
-    with pytest.raises(NotImplementedError, match="xla_attn.torch_xla"):
+    with pytest.raises(ImportError, match="xla_attn.torch_xla needs torch_xla"):
         xla_attn.paged_attention(FakeXlaTensor())
+
+
+# ------------------------------------------------------------------ segment ids (dense API)
+def test_segment_ids_pack_documents(rng, mk):
+    """Packed documents in dense rows equal varlen attention over the segments; the
+    device conversion (static slots, no sync) agrees with the host one."""
+    from xla_attn import _ops, _torch_segments
+
+    seg = np.asarray([[7, 7, 7, 2, 2, 2, 2, 2], [3, 3, 4, 4, 4, 4, 5, 5]], np.int32)
+    q = mk.random_array(rng, (2, 8, 4, 16), "float32")
+    k, v = (mk.random_array(rng, (2, 8, 2, 16), "float32") for _ in range(2))
+    cu, _, max_q, _ = _ops.segment_ids_to_cu_seqlens(seg, seg)
+    assert cu.tolist() == [0, 3, 8, 10, 14, 16] and max_q == 5
+    out = xt.flash_attn(tt(q), tt(k), tt(v), causal=True, q_segment_ids=tt(seg),
+                        kv_segment_ids=tt(seg))
+    expected, _ = ref.flash_attn_varlen_ref(q.reshape(16, 4, 16), k.reshape(16, 2, 16),
+                                            v.reshape(16, 2, 16), cu, cu, None, causal=True)
+    assert_close(out.reshape(16, 4, 16), expected, ref.BOUNDS["float32"])
+    on_device = _torch_segments._run_table(tt(seg), slots=6)[0]
+    assert on_device.tolist() == cu.tolist() + [16]  # the unused slot is empty
+    with pytest.raises(ValueError, match="same ids in the same order"):
+        xt.flash_attn(tt(q), tt(k), tt(v), q_segment_ids=tt(seg), kv_segment_ids=tt(seg[:, ::-1]))
+    with pytest.raises(ValueError, match="given together"):
+        xt.flash_attn(tt(q), tt(k), tt(v), q_segment_ids=tt(seg))

@@ -13,7 +13,7 @@ Rows (bf16 unless stated; "ours" is xla_attn.jax under jax.jit):
           16 heads, head_dim 128; fwd and fwd+bwd. Peers: torch.nn.attention.varlen, JAX cuDNN
           packed (offsets form) and padded (seq lengths), torch SDPA FLASH on a padded batch.
   decode  paged_attention, one query token per sequence, 32 query / 8 kv heads, head_dim
-          128, block size 16, blocks in random order; bf16 and fp8 e4m3 caches (scalar
+          128, block size 16 and 64, blocks in random order; bf16 and fp8 e4m3 caches (scalar
           k_scale/v_scale). B=64 at L=512/4096/32768 and B=1 at L=4096 (latency). Peers on a
           contiguous cache: torch SDPA (enable_gqa) CUDNN and FLASH, torch varlen over the
           paged cache where it takes a block_table, JAX cuDNN with GQA.
@@ -94,7 +94,7 @@ class Sizes:
             self.tokens, self.hd = 256, 128  # dense: B*S tokens, H*D features
             self.dense_seqs, self.dense_dims = (64, 128), (32, 64)
             self.varlen = dict(n=4, mean=32, heads=4, head_dim=32)
-            self.decode = [(4, 64), (1, 128)]
+            self.decode = [(4, 64, 16), (1, 128, 16)]  # (B, L, block size)
             self.decode_heads = (8, 2, 32)  # Hq, Hkv, D
             self.cache_tokens = 256
             self.copy_bytes, self.matmul_n = 4 * 2**20, 256
@@ -102,11 +102,12 @@ class Sizes:
         self.tokens, self.hd = 16384, 2048
         if mode == "quick":
             self.dense_seqs, self.dense_dims = (1024, 4096, 16384), (128,)
-            self.decode = [(64, 512), (64, 4096), (1, 4096)]
+            self.decode = [(64, 4096, 16), (64, 32768, 64), (1, 4096, 16)]
         else:
             self.dense_seqs = (512, 1024, 2048, 4096, 8192, 16384)
             self.dense_dims = (64, 128, 256)
-            self.decode = [(64, 512), (64, 4096), (64, 32768), (1, 4096)]
+            self.decode = [(64, 512, 16), (64, 4096, 16), (64, 4096, 64), (64, 32768, 16),
+                           (64, 32768, 64), (1, 4096, 16)]
         self.varlen = dict(n=16, mean=1024, heads=16, head_dim=128)
         self.decode_heads = (32, 8, 128)
         self.cache_tokens = 65536
@@ -1009,14 +1010,14 @@ class Runner:
     # ------------------------------------------------------------------ decode
     def bench_decode(self) -> list[dict]:
         rows = []
-        for batch, context in self.sizes.decode:
+        for batch, context, block_size in self.sizes.decode:
             if self.out_of_time():
                 print("  --time-limit reached: remaining decode configurations not run")
                 break
             try:
-                rows.append(self._decode_row(batch, context))
+                rows.append(self._decode_row(batch, context, block_size))
             except Exception as e:  # input generation (OOM...)
-                self.note("decode", f"B={batch} L={context}: {short_reason(e)}")
+                self.note("decode", f"B={batch} L={context} bs={block_size}: {short_reason(e)}")
             self.cleanup()
         return rows
 
@@ -1047,20 +1048,20 @@ class Runner:
                     seq_lens=jnp.full((batch,), context, jnp.int32),
                     qsl=jnp.arange(batch + 1, dtype=jnp.int32))
 
-    def _decode_row(self, batch, context) -> dict:
+    def _decode_row(self, batch, context, bs) -> dict:
         jax, jnp, xj = self.jax, self.jnp, self.xj
         hq, hk, d = self.sizes.decode_heads
-        bs, kv_scale = 16, 0.25
+        kv_scale = 0.25
         scale = 1.0 / math.sqrt(d)
         nsets = rotation_sets(decode_kv_bytes(batch, context, hk, d, 2), self.l2)
         sets = [self._decode_inputs(batch, context, hq, hk, d, bs, kv_scale,
                                     self.args.seed + 1000 * i + context) for i in range(nsets)]
         jax.block_until_ready(sets)
-        label = f"B={batch} L={context} Hq={hq} Hkv={hk} d={d}"
+        label = f"B={batch} L={context} bs={bs} Hq={hq} Hkv={hk} d={d}"
         row = new_row("decode", label, dict(batch=batch, context=context, heads=hq, heads_k=hk,
                                             head_dim=d, block_size=bs, input_sets=nsets),
                       "GB/s", decode_kv_bytes(batch, context, hk, d, 2), sort=(batch == 1,
-                                                                               batch, context))
+                                                                               batch, context, bs))
         tt: dict = {}
 
         def torch_dense():

@@ -158,11 +158,14 @@ def nvrtc_ptx(nvrtc_path: str, source: str, name: str, arch: str, includes: list
 
 
 def ptxas_cubin(ptxas: str, ptx: bytes, arch: str) -> bytes:
+    # XLA_ATTN_PTXAS_VERBOSE=1 prints ptxas -v (registers, spills, shared memory) of
+    # every kernel; only modules that are compiled (not cached) print.
+    verbose = ("-v",) if os.environ.get("XLA_ATTN_PTXAS_VERBOSE") else ()
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = pathlib.Path(tmp, "m.ptx"), pathlib.Path(tmp, "m.cubin")
         src.write_bytes(ptx)
-        subprocess.run([ptxas, f"-arch=sm_{arch}", *PTXAS_FLAGS, str(src), "-o", str(dst)],
-                       check=True)
+        subprocess.run([ptxas, f"-arch=sm_{arch}", *PTXAS_FLAGS, *verbose, str(src), "-o",
+                        str(dst)], check=True)
         return dst.read_bytes()
 
 
@@ -218,33 +221,55 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
-def build_module(module: vt.Module, archs: list[str], tk: dict[str, pathlib.Path],
-                 cache_dir: pathlib.Path, digest: str, pool) -> bytes:
-    archs = [a for a in archs if int(a.rstrip("a")) >= module.min_arch]
-    source = module_source(module)
-    key = hashlib.sha256(
-        "\n".join([source, digest, " ".join(archs), " ".join(NVRTC_FLAGS + PTXAS_FLAGS),
-                   _tool_version(tk)]).encode()
-    ).hexdigest()[:24]
-    cached = cache_dir / f"{module.name}-{key}.fatbin"
-    if cached.exists():
-        print(f"build_kernels: {module.name}: cached ({cached.name})", flush=True)
-        return cached.read_bytes()
-    includes = [str(KERNELS), str(tk["cuda_include"])]
-    virtuals = sorted({vt.VIRTUAL_ARCH[a] for a in archs}, key=lambda a: int(a.rstrip("a")))
-    futures = {v: pool.submit(nvrtc_ptx, str(tk["nvrtc"]), source, f"{module.name}.cu", v, includes)
-               for v in virtuals}
-    ptx = {v: f.result() for v, f in futures.items()}
-    cubins = {a: ptxas_cubin(str(tk["ptxas"]), ptx[vt.VIRTUAL_ARCH[a]], a) for a in archs}
-    newest = virtuals[-1]
-    blob = fatbin(str(tk["nvfatbin"]), cubins, (newest, ptx[newest]), module.name)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(".tmp")
-    tmp.write_bytes(blob)
-    tmp.replace(cached)
-    print(f"build_kernels: {module.name}: sm_{', sm_'.join(archs)} + compute_{newest} PTX "
-          f"-> {len(blob)} bytes", flush=True)
-    return blob
+def _ptx_and_cubins(nvrtc: str, ptxas: str, source: str, name: str, virtual: str,
+                    reals: list[str], includes: list[str]) -> dict[str, bytes]:
+    """One front-end run and the cubins assembled from it (a pool job): {"ptx": ...,
+    real arch: cubin}."""
+    ptx = nvrtc_ptx(nvrtc, source, name, virtual, includes)
+    return {"ptx": ptx, **{a: ptxas_cubin(ptxas, ptx, a) for a in reals}}
+
+
+class ModuleBuild:
+    """A module's fatbin: from the cache, or from pool jobs submitted up front (one
+    per virtual arch, every module's at once, so neither core waits on a serial step)."""
+
+    def __init__(self, module: vt.Module, archs: list[str], tk: dict[str, pathlib.Path],
+                 cache_dir: pathlib.Path, digest: str, pool):
+        self.module, self.tk = module, tk
+        self.plan = vt.cubin_plan(module, archs)
+        self.source = module_source(module)
+        key = hashlib.sha256(
+            "\n".join([self.source, digest, repr(sorted(self.plan.items())),
+                       " ".join(NVRTC_FLAGS + PTXAS_FLAGS), _tool_version(tk)]).encode()
+        ).hexdigest()[:24]
+        self.cached = cache_dir / f"{module.name}-{key}.fatbin"
+        self.jobs = {}
+        if self.cached.exists():
+            return
+        includes = [str(KERNELS), str(tk["cuda_include"])]
+        for virtual in sorted(set(self.plan.values()), key=lambda a: int(a.rstrip("a"))):
+            reals = [a for a, v in self.plan.items() if v == virtual]
+            self.jobs[virtual] = pool.submit(_ptx_and_cubins, str(tk["nvrtc"]), str(tk["ptxas"]),
+                                             self.source, f"{module.name}.cu", virtual, reals,
+                                             includes)
+
+    def result(self) -> bytes:
+        name = self.module.name
+        if not self.jobs:
+            print(f"build_kernels: {name}: cached ({self.cached.name})", flush=True)
+            return self.cached.read_bytes()
+        outputs = {v: job.result() for v, job in self.jobs.items()}
+        cubins = {a: outputs[v][a] for a, v in self.plan.items()}
+        newest = max(outputs, key=lambda a: int(a.rstrip("a")))
+        blob = fatbin(str(self.tk["nvfatbin"]), cubins, (newest, outputs[newest]["ptx"]), name)
+        self.cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.cached.with_suffix(".tmp")
+        tmp.write_bytes(blob)
+        tmp.replace(self.cached)
+        print(f"build_kernels: {name}: " + ", ".join(
+            f"sm_{a} (compute_{v})" for a, v in self.plan.items())
+            + f" + compute_{newest} PTX -> {len(blob)} bytes", flush=True)
+        return blob
 
 
 def write_tables(out: pathlib.Path, built: dict[str, tuple[pathlib.Path, list[str]]]) -> None:
@@ -315,11 +340,17 @@ def main(argv: list[str] | None = None) -> None:
     digest = _source_digest()
     built = {}
     with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        builds = []
         for module in vt.MODULES:
-            blob = build_module(module, archs, tk, cache_dir, digest, pool)
-            path = (args.out / f"{module.name}.fatbin").resolve()
-            path.write_bytes(blob)
-            built[module.name] = (path, [a for a in archs if int(a.rstrip("a")) >= module.min_arch])
+            if not vt.cubin_plan(module, archs):
+                print(f"build_kernels: {module.name}: skipped (needs sm_{module.min_arch}+)",
+                      flush=True)
+                continue
+            builds.append(ModuleBuild(module, archs, tk, cache_dir, digest, pool))
+        for mb in builds:
+            path = (args.out / f"{mb.module.name}.fatbin").resolve()
+            path.write_bytes(mb.result())
+            built[mb.module.name] = (path, list(mb.plan))
     write_tables(args.out, built)
 
 

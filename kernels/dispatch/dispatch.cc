@@ -124,6 +124,59 @@ cudaKernel_t kernel(const VariantEntry& variant, std::string* error) {
   return kernels[index];
 }
 
+namespace {
+
+// Lets `k` use `bytes` of dynamic shared memory on the current device. The attribute
+// is per device; each variant is opted in once per device, to the most it was asked
+// for (launch sizes are per variant, so that is one call per variant and device).
+std::string allow_shared(const VariantEntry& variant, cudaKernel_t k, size_t bytes) {
+  constexpr size_t kDefault = 48 * 1024;  // granted to every kernel without opting in
+  constexpr int kMaxDevices = 64;
+  if (bytes <= kDefault) return "";
+  int device = 0;
+  cudaError_t st = cudaGetDevice(&device);
+  if (st != cudaSuccess) {
+    return std::string("xla_attn: cudaGetDevice failed: ") + cudaGetErrorString(st);
+  }
+  static std::mutex mu;
+  static size_t granted[sizeof(kVariants) / sizeof(kVariants[0])][kMaxDevices] = {};
+  const size_t index = &variant - kVariants;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < kMaxDevices && granted[index][device] >= bytes) return "";
+  // Not a stream operation; relaxed capture mode lets it run while XLA captures.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  st = cudaFuncSetAttribute(reinterpret_cast<const void*>(k),
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (st != cudaSuccess) {
+    return std::string("xla_attn: ") + variant.kernel + " cannot have " + std::to_string(bytes) +
+           " bytes of shared memory on this device: " + cudaGetErrorString(st);
+  }
+  if (device < kMaxDevices) granted[index][device] = bytes;
+  return "";
+}
+
+}  // namespace
+
+std::string launch(const VariantEntry& v, dim3 grid, size_t shared_bytes, cudaStream_t stream,
+                   const void* params, dim3* block_out) {
+  std::string error;
+  cudaKernel_t k = kernel(v, &error);
+  if (!k) return error;
+  error = allow_shared(v, k, shared_bytes);
+  if (!error.empty()) return error;
+  dim3 block(v.threads);
+  if (block_out) *block_out = block;
+  void* args[] = {const_cast<void*>(params)};
+  cudaError_t st = cudaLaunchKernel(reinterpret_cast<const void*>(k), grid, block, args,
+                                    shared_bytes, stream);
+  if (st != cudaSuccess) {
+    return std::string("xla_attn: launching ") + v.kernel + " failed: " + cudaGetErrorString(st);
+  }
+  return "";
+}
+
 std::string launch(const Query& query, dim3 grid, size_t shared_bytes, cudaStream_t stream,
                    const void* params, dim3* block_out) {
   std::string error;
@@ -131,17 +184,7 @@ std::string launch(const Query& query, dim3 grid, size_t shared_bytes, cudaStrea
   if (q.arch <= 0 && (q.arch = current_arch(&error)) < 0) return error;
   const VariantEntry* v = select(q, &error);
   if (!v) return error;
-  cudaKernel_t k = kernel(*v, &error);
-  if (!k) return error;
-  dim3 block(v->threads);
-  if (block_out) *block_out = block;
-  void* args[] = {const_cast<void*>(params)};
-  cudaError_t st = cudaLaunchKernel(reinterpret_cast<const void*>(k), grid, block, args,
-                                    shared_bytes, stream);
-  if (st != cudaSuccess) {
-    return std::string("xla_attn: launching ") + v->kernel + " failed: " + cudaGetErrorString(st);
-  }
-  return "";
+  return launch(*v, grid, shared_bytes, stream, params, block_out);
 }
 
 const char* build_info_json() {

@@ -57,6 +57,11 @@ cudaKernel_t kernel(const VariantEntry& variant, std::string* error);
 std::string launch(const Query& query, dim3 grid, size_t shared_bytes, cudaStream_t stream,
                    const void* params, dim3* block_out = nullptr);
 
+// Launches `variant` with `shared_bytes` of dynamic shared memory; above the 48 KB
+// every arch grants by default, the kernel is opted in (once per device) first.
+std::string launch(const VariantEntry& variant, dim3 grid, size_t shared_bytes,
+                   cudaStream_t stream, const void* params, dim3* block_out = nullptr);
+
 // JSON description of the build (archs, modules, variants) for `python -m xla_attn info`.
 const char* build_info_json();
 

@@ -33,6 +33,32 @@ class Module:
     name: str           # also the stem of the generated .cu and the embedded symbol
     header: str         # device header, relative to kernels/
     min_arch: int       # lowest compute capability (major*10+minor) it runs on
+    # Virtual archs the front end (NVRTC) runs for. None: each real arch gets its own
+    # cubin from its own VIRTUAL_ARCH. Given: one cubin per major version (the lowest
+    # real arch of it; the driver runs an sm_8x cubin on every later 8.y), each
+    # assembled from the newest of these at or below it. Code that uses nothing of a
+    # newer arch (CUDA-core and mma.sync families) then costs 2 NVRTC and 3 ptxas runs
+    # instead of 5 and 6 (the decode module: ~14 min -> ~3 min on 2 cores).
+    ptx_archs: tuple[str, ...] | None = None
+
+
+def cubin_plan(module: Module, archs: list[str]) -> dict[str, str]:
+    """{real arch to build a cubin for: virtual arch its PTX comes from} for `archs`
+    (the build's real archs, ascending) under the module's policy."""
+    archs = sorted((a for a in archs if int(a.rstrip("a")) >= module.min_arch),
+                   key=lambda a: int(a.rstrip("a")))
+    if module.ptx_archs is None:
+        return {a: VIRTUAL_ARCH[a] for a in archs}
+    plan: dict[str, str] = {}
+    for a in archs:
+        if any(int(c.rstrip("a")) // 10 == int(a.rstrip("a")) // 10 for c in plan):
+            continue  # this major already has its cubin
+        below = [v for v in module.ptx_archs if int(v) <= int(a.rstrip("a"))]
+        v = max(below, key=int, default=VIRTUAL_ARCH[a])
+        # A flavour whose lowest arch is above the shared PTX arch (CUDA 13: sm_75+)
+        # compiles that arch's own PTX instead.
+        plan[a] = v if int(v) >= int(archs[0].rstrip("a")) else VIRTUAL_ARCH[a]
+    return plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +88,13 @@ DTYPES = {
 }
 
 MODULES = (
+    # Every arch its own cubin: sm_89/90 convert to fp8 in hardware (cvt), and the
+    # module compiles in seconds.
     Module("reshape_and_cache_flash_portable", "cache/write_portable.cuh", min_arch=70),
-    Module("flash_fwd_portable", "flash/fwd_portable.cuh", min_arch=70),
-    Module("flash_bwd_portable", "flash/bwd_portable.cuh", min_arch=70),
+    Module("flash_fwd_portable", "flash/fwd_portable.cuh", min_arch=70, ptx_archs=("70", "80")),
+    Module("flash_fwd_sm80", "flash/fwd_sm80.cuh", min_arch=80, ptx_archs=("80",)),
+    Module("flash_bwd_portable", "flash/bwd_portable.cuh", min_arch=70, ptx_archs=("70", "80")),
+    Module("paged_decode", "paged/decode.cuh", min_arch=70, ptx_archs=("70", "80")),
 )
 
 # Head-dim buckets of the portable family (kernels/flash/portable_tiles.h): the
@@ -115,6 +145,32 @@ def _flash_fwd_variants():
             features=ALL_FEATURES, threads=128)
 
 
+# Head-dim buckets of the sm80 family (kernels/flash/sm80_tiles.h): 96 has its own.
+SM80_HEAD_BUCKETS = ((1, 32), (33, 64), (65, 96), (97, 128), (129, 256))
+
+
+def _flash_fwd_sm80_variants():
+    # Tensor-core forward (kernels/flash/fwd_sm80.cuh), f16 and bf16 only: 2 x 5 buckets,
+    # preferred over the portable kernel wherever both match. Its split-KV partials are
+    # merged by the portable combine, built into this module too so that
+    # XLA_ATTN_FORCE_FAMILY=sm80 covers split-KV calls: + 2.
+    features = ALL_FEATURES & ~FEATURES["fp8"]
+    for dt, (lo, hi) in itertools.product(("f16", "bf16"), SM80_HEAD_BUCKETS):
+        yield Variant(
+            op="flash_fwd", family="sm80", module="flash_fwd_sm80",
+            kernel=f"xla_attn_flash_fwd_sm80_{dt}_d{hi}",
+            template=f"xla_attn::flash_fwd_sm80<{DTYPES[dt][1]}, {hi}>",
+            params="xla_attn_flash_fwd_params", dtype0=dt, dtype1=dt, head_dim_min=lo,
+            head_dim_max=hi, features=features, priority=10, threads=128)
+    for dt in ("f16", "bf16"):
+        yield Variant(
+            op="flash_combine", family="sm80", module="flash_fwd_sm80",
+            kernel=f"xla_attn_flash_combine_sm80_{dt}",
+            template=f"xla_attn::flash_combine_portable<{DTYPES[dt][1]}>",
+            params="xla_attn_flash_fwd_params", dtype0=dt, dtype1=dt, features=features,
+            priority=10, threads=128)
+
+
 def _flash_bwd_variants():
     # Two kernels per (dtype, head-dim bucket): 2 x 3 x 4 = 24.
     for kind, dt, (lo, hi) in itertools.product(("dq", "dkdv"), ("f16", "bf16", "f32"),
@@ -128,5 +184,31 @@ def _flash_bwd_variants():
             threads=128)
 
 
+def _paged_decode_variants():
+    # paged_attention's decode kernel (kernels/paged/decode.cuh): 16-bit queries over a
+    # cache of their dtype or fp8, exact head dims, query rows per block 4 or 8 (in the
+    # op name, as paged_decode_r4 / _r8): 2 x 3 x 3 x 2 = 36. float32 queries take the
+    # flash forward over the block table.
+    pairs = [(q, kv) for q in ("f16", "bf16") for kv in (q, "f8e4m3", "f8e5m2")]
+    for (q, kv), d, rows in itertools.product(pairs, DECODE_HEAD_DIMS, (4, 8)):
+        yield Variant(
+            op=f"paged_decode_r{rows}", family="decode", module="paged_decode",
+            kernel=f"xla_attn_paged_decode_{q}_{kv}_d{d}_r{rows}",
+            template=f"xla_attn::paged_decode<{DTYPES[q][1]}, {DTYPES[kv][1]}, {d}, {rows}>",
+            params="xla_attn::decode::Args", dtype0=q, dtype1=kv, head_dim_min=d,
+            head_dim_max=d, features=ALL_FEATURES, threads=128)
+    for q, d in itertools.product(("f16", "bf16"), DECODE_HEAD_DIMS):
+        yield Variant(
+            op="paged_decode_combine", family="decode", module="paged_decode",
+            kernel=f"xla_attn_paged_decode_combine_{q}_d{d}",
+            template=f"xla_attn::paged_decode_combine<{DTYPES[q][1]}, {d}>",
+            params="xla_attn::decode::Args", dtype0=q, dtype1=q, head_dim_min=d,
+            head_dim_max=d, features=ALL_FEATURES, threads=128)
+
+
+# Head dims with a decode kernel (others take the flash forward over the block table).
+DECODE_HEAD_DIMS = (64, 128, 256)
+
 VARIANTS = (tuple(_reshape_and_cache_flash_variants()) + tuple(_flash_fwd_variants())
-            + tuple(_flash_bwd_variants()))
+            + tuple(_flash_fwd_sm80_variants())
+            + tuple(_flash_bwd_variants()) + tuple(_paged_decode_variants()))

@@ -56,7 +56,7 @@ __device__ void flash_fwd_portable(const xla_attn_flash_fwd_params& p) {
   const Sequence s = sequence(b, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.total_q,
                               p.total_k, paged, int64_t(p.max_blocks_per_seq) * p.block_size);
   const int m0 = m_block * kBlockM;
-  if (m0 >= s.num_q) return;
+  if (m0 >= s.num_q || routed_to_decode(p.decode_max_q, s)) return;
   const int hd = p.head_dim;
   const int hk = h / (p.num_heads / p.num_heads_k);
   const Window win{p.window_left, p.window_right};
@@ -188,6 +188,7 @@ __device__ void flash_combine_portable(const xla_attn_flash_fwd_params& p) {
   const Sequence s = sequence(b, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.total_q,
                               p.total_k, p.block_table != nullptr,
                               int64_t(p.max_blocks_per_seq) * p.block_size);
+  if (routed_to_decode(p.decode_max_q, s)) return;
   const int rows_per_block = portable::kWarps * 4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t q_stride = int64_t(p.num_heads) * p.head_dim;

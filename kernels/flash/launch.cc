@@ -1,9 +1,11 @@
 #include <algorithm>
+#include <cstring>
 
 #include "common/checks.h"
 #include "common/op.h"
 #include "dispatch/dispatch.h"
 #include "flash/portable_tiles.h"
+#include "flash/sm80_tiles.h"
 #include "variants_features.h"
 
 namespace xla_attn {
@@ -18,6 +20,35 @@ unsigned features_of(const P& p) {
   return f;
 }
 
+dispatch::Query fwd_query(const xla_attn_flash_fwd_params& p) {
+  unsigned f = features_of(p);
+  if (p.block_table) f |= kFeaturePaged;
+  if (is_fp8_dtype(p.q_dtype) || is_fp8_dtype(p.kv_dtype)) f |= kFeatureFp8;
+  return {"flash_fwd", p.q_dtype, p.kv_dtype, p.head_dim, f, 0};
+}
+
+// What the grid and split plan depend on in a forward variant: its family's tiles
+// header (the kernels read the same constexprs).
+struct FwdTiles {
+  int block_m;         // query rows per block
+  size_t smem;         // dynamic shared memory per block
+  int target_blocks;   // blocks that fill the reference GPU (split-KV stops there)
+  int min_keys_per_split;
+  int max_splits;
+};
+
+FwdTiles portable_tiles(int head_dim) {
+  const int d = portable::head_bucket(head_dim);
+  return {portable::fwd_block_m(d), 0, portable::kTargetBlocks, portable::kMinKeysPerSplit,
+          portable::kMaxSplits};
+}
+
+FwdTiles sm80_tiles(int head_dim) {
+  const int d = sm80::head_bucket(head_dim);
+  return {sm80::block_m(d), size_t(sm80::smem_bytes(d)), sm80::kTargetBlocks,
+          sm80::kMinKeysPerSplit, sm80::kMaxSplits};
+}
+
 // Grid of the forward: (row blocks x splits, heads, batch + 1 padding block).
 struct FwdPlan {
   int row_blocks;
@@ -25,24 +56,21 @@ struct FwdPlan {
   size_t workspace;
 };
 
-FwdPlan plan(const xla_attn_flash_fwd_params& p) {
-  const int d = portable::head_bucket(p.head_dim);
-  FwdPlan plan{std::max(1, (p.max_seqlen_q + portable::fwd_block_m(d) - 1) / portable::fwd_block_m(d)),
-               1, 0};
+FwdPlan plan(const xla_attn_flash_fwd_params& p, const FwdTiles& t) {
+  FwdPlan plan{std::max(1, (p.max_seqlen_q + t.block_m - 1) / t.block_m), 1, 0};
   if (p.num_splits > 0) {
-    plan.splits = std::min(p.num_splits, portable::kMaxSplits);
+    plan.splits = std::min(p.num_splits, t.max_splits);
   } else {
     // Split the keys only when the grid cannot fill the GPU by itself. The plan
     // depends on shapes alone (frontends size the workspace at trace time), so the
     // row blocks that do work are estimated from the mean query count per sequence.
     const int64_t rows = std::min<int64_t>(p.max_seqlen_q, (p.total_q + std::max(p.batch, 1) - 1) /
                                                                std::max(p.batch, 1));
-    const int64_t useful = std::max<int64_t>(1, (rows + portable::fwd_block_m(d) - 1) /
-                                                    portable::fwd_block_m(d));
+    const int64_t useful = std::max<int64_t>(1, (rows + t.block_m - 1) / t.block_m);
     const int64_t blocks = useful * p.num_heads * std::max(p.batch, 1);
-    const int64_t want = (portable::kTargetBlocks + blocks - 1) / blocks;
-    const int64_t by_keys = std::max(1, p.max_seqlen_k / portable::kMinKeysPerSplit);
-    plan.splits = int(std::clamp<int64_t>(std::min(want, by_keys), 1, portable::kMaxSplits));
+    const int64_t want = (t.target_blocks + blocks - 1) / blocks;
+    const int64_t by_keys = std::max(1, p.max_seqlen_k / t.min_keys_per_split);
+    plan.splits = int(std::clamp<int64_t>(std::min(want, by_keys), 1, t.max_splits));
   }
   if (plan.splits > 1) {
     plan.workspace = size_t(plan.splits) * p.total_q * p.num_heads * (p.head_dim + 1) * sizeof(float);
@@ -52,28 +80,42 @@ FwdPlan plan(const xla_attn_flash_fwd_params& p) {
 
 }  // namespace
 
-size_t workspace_size(const xla_attn_flash_fwd_params& p) { return plan(p).workspace; }
+// Sized at trace time from shapes alone (xla_attn_flash_fwd_workspace_size is given no
+// dtypes), possibly on a host without a GPU, before any variant is selected: the most
+// that either family's plan would use.
+size_t workspace_size(const xla_attn_flash_fwd_params& p) {
+  return std::max(plan(p, portable_tiles(p.head_dim)).workspace,
+                  plan(p, sm80_tiles(p.head_dim)).workspace);
+}
 
 std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t stream) {
   if (params.total_q == 0 || params.batch == 0) return "";
+  if (params.batch + 1 > 65535) return "flash_fwd: at most 65534 sequences per call";
   xla_attn_flash_fwd_params p = params;
-  const FwdPlan pl = plan(p);
+  std::string error;
+  dispatch::Query q = fwd_query(p);
+  if ((q.arch = dispatch::current_arch(&error)) < 0) return error;
+  const dispatch::VariantEntry* v = dispatch::select(q, &error);
+  if (!v) return error;
+  const bool sm80 = std::strcmp(v->family, "sm80") == 0;
+  if (sm80 && v->head_dim_max != sm80::head_bucket(p.head_dim)) {
+    return std::string("flash_fwd: ") + v->kernel + " does not match sm80::head_bucket(" +
+           std::to_string(p.head_dim) + "); kernels/dispatch/variants.py and "
+           "kernels/flash/sm80_tiles.h disagree";
+  }
+  const FwdTiles tiles = sm80 ? sm80_tiles(p.head_dim) : portable_tiles(p.head_dim);
+  const FwdPlan pl = plan(p, tiles);
   p.num_splits = pl.splits;
   if (pl.splits > 1 && (!p.workspace || size_t(p.workspace_bytes) < pl.workspace)) {
     return "flash_fwd: the split-KV workspace is missing or smaller than "
            "xla_attn_workspace_size() asked for";
   }
-  if (p.batch + 1 > 65535) return "flash_fwd: at most 65534 sequences per call";
-  unsigned f = features_of(p);
-  if (p.block_table) f |= kFeaturePaged;
-  if (is_fp8_dtype(p.q_dtype) || is_fp8_dtype(p.kv_dtype)) f |= kFeatureFp8;
-  const dispatch::Query q{"flash_fwd", p.q_dtype, p.kv_dtype, p.head_dim, f, 0};
   const dim3 grid(unsigned(pl.row_blocks) * pl.splits, p.num_heads, p.batch + 1);
-  std::string error = dispatch::launch(q, grid, 0, stream, &p);
+  error = dispatch::launch(*v, grid, tiles.smem, stream, &p);
   if (!error.empty() || pl.splits == 1) return error;
   // 16 rows per combine block (its 4 warps x 4 rows).
   const dim3 combine_grid((std::max(p.max_seqlen_q, 1) + 15) / 16, p.num_heads, p.batch);
-  const dispatch::Query c{"flash_combine", p.out_dtype, p.out_dtype, p.head_dim, f, 0};
+  const dispatch::Query c{"flash_combine", p.out_dtype, p.out_dtype, p.head_dim, q.features, q.arch};
   return dispatch::launch(c, combine_grid, 0, stream, &p);
 }
 

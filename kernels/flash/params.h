@@ -48,6 +48,9 @@ typedef struct xla_attn_flash_fwd_params {
   xla_attn_dtype kv_dtype;
   xla_attn_dtype out_dtype;
   int32_t num_splits;           // key-range splits per (row block, head); 0: the kernel decides
+  int32_t decode_max_q;         // > 0: sequences with at most this many queries belong to
+                                //   paged_attention's decode kernel and are skipped here
+                                //   (outputs left alone); 0: every sequence is ours
 } xla_attn_flash_fwd_params;
 
 typedef struct xla_attn_flash_bwd_params {
@@ -82,7 +85,7 @@ typedef struct xla_attn_flash_bwd_params {
   xla_attn_dtype dtype;
 } xla_attn_flash_bwd_params;
 
-XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_fwd_params) == 15 * 8 + 3 * 8 + 18 * 4,
+XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_fwd_params) == 15 * 8 + 3 * 8 + 20 * 4,
                        "flash_fwd params layout is part of the C ABI v1");
 XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_bwd_params) == 14 * 8 + 3 * 8 + 12 * 4,
                        "flash_bwd params layout is part of the C ABI v1");

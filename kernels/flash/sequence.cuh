@@ -48,6 +48,12 @@ __device__ __forceinline__ Sequence sequence(int b, const int32_t* cu_q, const i
   return s;
 }
 
+// paged_attention serves sequences of at most decode_max_q queries with its decode
+// kernel; the flash kernels it also launches leave those alone.
+__device__ __forceinline__ bool routed_to_decode(int decode_max_q, const Sequence& s) {
+  return decode_max_q > 0 && s.num_q <= decode_max_q;
+}
+
 // Sliding window around position pos (window_right = 0 is causal); -1 = unbounded.
 struct Window {
   int left, right;

@@ -1,5 +1,11 @@
+#include <algorithm>
+#include <cstdint>
+
 #include "common/checks.h"
 #include "common/op.h"
+#include "dispatch/dispatch.h"
+#include "paged/decode_tiles.h"
+#include "variants_features.h"
 
 namespace xla_attn {
 namespace {
@@ -44,14 +50,88 @@ xla_attn_flash_fwd_params as_flash(const xla_attn_paged_attention_params& p) {
   return f;
 }
 
+unsigned features_of(const xla_attn_paged_attention_params& p) {
+  unsigned f = kFeaturePaged;
+  if (p.alibi_slopes) f |= kFeatureAlibi;
+  if (p.soft_cap > 0.f) f |= kFeatureSoftcap;
+  if (p.sliding_window > 0) f |= kFeatureWindow;
+  if (is_fp8_dtype(p.cache_dtype)) f |= kFeatureFp8;
+  return f;
+}
+
+// How the decode kernel would run this call. It depends on shapes alone, so the
+// workspace can be sized at trace time.
+struct DecodePlan {
+  int rows;        // query rows per block (the variant's r4 / r8)
+  int max_q;       // longest query span it takes
+  int splits;
+  size_t workspace;
+};
+
+DecodePlan decode_plan(const xla_attn_paged_attention_params& p) {
+  const int group = p.num_heads / std::max(p.num_heads_k, 1);
+  DecodePlan plan{decode::rows_per_block(group), decode::max_query_span(group), 1, 0};
+  const int64_t blocks = std::max<int64_t>(1, int64_t(p.max_num_seqs) * p.num_heads_k);
+  const int64_t max_k = int64_t(p.max_blocks_per_seq) * p.block_size;
+  const int64_t want = (decode::kTargetBlocks + blocks - 1) / blocks;
+  const int64_t by_keys = std::max<int64_t>(1, max_k / decode::kMinKeysPerSplit);
+  plan.splits = int(std::clamp<int64_t>(std::min(want, by_keys), 1, decode::kMaxSplits));
+  if (plan.splits > 1) {
+    plan.workspace = size_t(plan.splits) * p.total_q * p.num_heads * (p.head_dim + 1) * sizeof(float);
+  }
+  return plan;
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// Launches the decode kernel (and its split merge) when a variant covers the call;
+// false when none does or the caches are not 16-byte aligned.
+bool launch_decode(const xla_attn_paged_attention_params& p, const DecodePlan& plan,
+                   cudaStream_t stream, std::string* error) {
+  if (!aligned16(p.key_cache) || !aligned16(p.value_cache)) return false;
+  const std::string op = "paged_decode_r" + std::to_string(plan.rows);
+  dispatch::Query q{op.c_str(), p.q_dtype, p.cache_dtype, p.head_dim, features_of(p), 0};
+  std::string unused;
+  if ((q.arch = dispatch::current_arch(error)) < 0) return true;
+  if (!dispatch::select(q, &unused)) return false;
+  const decode::Args args{p, plan.splits, plan.max_q};
+  // (splits, kv heads, sequences + 1 block row that zeroes the padding queries)
+  const dim3 grid(plan.splits, p.num_heads_k, p.max_num_seqs + 1);
+  *error = dispatch::launch(q, grid, 0, stream, &args);
+  if (error->empty() && plan.splits > 1) {
+    const dispatch::Query c{"paged_decode_combine", p.q_dtype, p.q_dtype, p.head_dim,
+                            features_of(p), q.arch};
+    *error = dispatch::launch(c, dim3(1, p.num_heads_k, p.max_num_seqs), 0, stream, &args);
+  }
+  return true;
+}
+
 }  // namespace
 
+// The decode kernel and the flash forward share the workspace (they run one after
+// the other on the stream): the larger of the two.
 size_t workspace_size(const xla_attn_paged_attention_params& p) {
-  return workspace_size(as_flash(p));
+  return std::max(decode_plan(p).workspace, workspace_size(as_flash(p)));
 }
 
 std::string launch_cuda(const xla_attn_paged_attention_params& p, cudaStream_t stream) {
-  return launch_cuda(as_flash(p), stream);
+  if (p.total_q == 0 || p.max_num_seqs == 0) return "";
+  if (p.max_num_seqs + 1 > 65535) return "paged_attention: at most 65534 sequences per call";
+  if (p.num_heads_k > 65535) return "paged_attention: at most 65535 kv heads";
+  const DecodePlan plan = decode_plan(p);
+  if (plan.workspace > 0 && (!p.workspace || size_t(p.workspace_bytes) < plan.workspace)) {
+    return "paged_attention: the split-KV workspace is missing or smaller than "
+           "xla_attn_workspace_size() asked for";
+  }
+  std::string error;
+  const bool decoded = launch_decode(p, plan, stream, &error);
+  if (!error.empty()) return error;
+  // Query counts are device data: unless no sequence can exceed the decode kernel's
+  // span, the flash forward runs too and takes the longer ones (chunked prefill).
+  if (decoded && p.total_q <= plan.max_q) return "";
+  xla_attn_flash_fwd_params f = as_flash(p);
+  f.decode_max_q = decoded ? plan.max_q : 0;
+  return launch_cuda(f, stream);
 }
 
 }  // namespace xla_attn

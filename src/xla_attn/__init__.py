@@ -1,8 +1,9 @@
 """xla_attn: flash attention, paged attention and KV-cache kernels as XLA custom calls.
 
-The top-level functions take jax arrays (or numpy arrays, run through JAX) or torch
-tensors on CPU or CUDA and route to the matching frontend; `xla_attn.jax` and
-`xla_attn.torch` can also be used directly.
+The top-level functions take jax arrays (or numpy arrays, run through JAX), torch
+tensors on CPU or CUDA, or torch tensors on an XLA device (torch_xla), and route to the
+matching frontend; `xla_attn.jax`, `xla_attn.torch` and `xla_attn.torch_xla` can also
+be used directly.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ def _frontend(op: str, first):
 
             return frontend
         if device == "xla":
-            raise NotImplementedError(
-                f"xla_attn.{op}: torch tensors on an XLA device need the xla_attn.torch_xla "
-                "frontend, which this release does not include yet; use CPU or CUDA tensors "
-                "(xla_attn.torch) or jax arrays")
+            from xla_attn import torch_xla as frontend
+
+            return frontend
         raise NotImplementedError(
             f"xla_attn.{op}: torch tensors on device type {device!r} are not supported; "
-            "xla_attn.torch takes CPU and CUDA tensors")
+            "xla_attn.torch takes CPU and CUDA tensors, xla_attn.torch_xla XLA tensors")
     if module.startswith(("jax", "jaxlib", "numpy")):
         from xla_attn import jax as frontend
 

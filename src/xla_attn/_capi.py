@@ -83,6 +83,7 @@ class FlashFwdParams(_Params):
         ("kv_dtype", _dtype),
         ("out_dtype", _dtype),
         ("num_splits", ctypes.c_int32),
+        ("decode_max_q", ctypes.c_int32),
     ]
 
 

@@ -271,3 +271,69 @@ def reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mappin
     c.scalar("k_scale", k_scale)
     c.scalar("v_scale", v_scale)
     return _cache_format(c, kv_cache_dtype, key_cache, src)
+
+
+# ---------------------------------------------------------------- segment ids (dense API)
+# Packed documents in one row, as torch_xla's TPU flash attention takes them: token i
+# of a row attends to key j of the same row iff their segment ids are equal. The
+# kernels are varlen kernels, so a segment must be a contiguous run of one id in q
+# and in kv, and the runs of a row must come in the same order in both (the usual
+# packing: self-attention with q_segment_ids == kv_segment_ids). Each run pair is then
+# one varlen sequence; causal masking is per segment, bottom-right aligned (the same
+# as a global causal mask when a segment has as many queries as keys).
+def segment_ids_check(q_segment_ids, kv_segment_ids, batch: int, seqlen_q: int, seqlen_k: int,
+                      max_segments=None) -> int:
+    """Checks the ids' shapes and dtypes; returns the per-row bound on segments."""
+    c = _Check("flash_attn")
+    c.value((q_segment_ids is None) == (kv_segment_ids is None),
+            "q_segment_ids and kv_segment_ids must be given together")
+    c.value(shape(q_segment_ids) == (batch, seqlen_q),
+            f"q_segment_ids must have shape (batch, seqlen_q) = ({batch}, {seqlen_q}), "
+            f"got {shape(q_segment_ids)}")
+    c.value(shape(kv_segment_ids) == (batch, seqlen_k),
+            f"kv_segment_ids must have shape (batch, seqlen_k) = ({batch}, {seqlen_k}), "
+            f"got {shape(kv_segment_ids)}")
+    for name, x in (("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids)):
+        c.dtype(name, x, ("int32", "int64"))
+    bound = max(1, min(seqlen_q, seqlen_k))
+    if max_segments is None:
+        return bound
+    return min(c.static_int("max_segments", max_segments, 1), bound)
+
+
+def segment_ids_to_cu_seqlens(q_segment_ids, kv_segment_ids):
+    """Host conversion of (batch, seqlen) segment ids (numpy-convertible) into compact
+    varlen arguments `(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)` (int32
+    arrays of runs + 1 entries). Raises ValueError for ids that are not one contiguous
+    run per segment, or whose runs differ between q and kv."""
+    import numpy as np
+
+    c = _Check("flash_attn")
+    q_ids, kv_ids = np.asarray(q_segment_ids), np.asarray(kv_segment_ids)
+    lens_q, lens_k = [], []
+    for row in range(q_ids.shape[0]):
+        q_runs, kv_runs = _runs(q_ids[row]), _runs(kv_ids[row])
+        for name, runs in (("q_segment_ids", q_runs), ("kv_segment_ids", kv_runs)):
+            ids = [seg for seg, _ in runs]
+            c.value(len(set(ids)) == len(ids),
+                    f"{name} row {row}: a segment id appears in more than one run {ids}; each "
+                    "segment must be one contiguous run")
+        c.value([s for s, _ in q_runs] == [s for s, _ in kv_runs],
+                f"row {row}: q segments {[s for s, _ in q_runs]} and kv segments "
+                f"{[s for s, _ in kv_runs]} must be the same ids in the same order")
+        lens_q += [n for _, n in q_runs]
+        lens_k += [n for _, n in kv_runs]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q, dtype=np.int64)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k, dtype=np.int64)]).astype(np.int32)
+    return cu_q, cu_k, max(lens_q, default=0), max(lens_k, default=0)
+
+
+def _runs(ids) -> list[tuple[int, int]]:
+    """[(segment id, run length)] of a 1-D sequence of ids."""
+    runs: list[tuple[int, int]] = []
+    for seg in ids.tolist():
+        if runs and runs[-1][0] == seg:
+            runs[-1] = (seg, runs[-1][1] + 1)
+        else:
+            runs.append((seg, 1))
+    return runs

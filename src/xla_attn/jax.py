@@ -1,17 +1,41 @@
 """JAX frontend: the ops as XLA FFI custom calls (cpu and CUDA), differentiable
-flash attention through jax.custom_vjp, and an in-place (aliased) cache write."""
+flash attention through jax.custom_vjp, and an in-place (aliased) cache write.
+
+Sharding. Under `jax.jit` with sharded inputs each op runs once per shard, with no
+gather of its operands, when the heads (and, for `flash_attn`, the batch) are what is
+sharded: a `jax.experimental.custom_partitioning` rule (a Shardy `sharding_rule`, and
+the GSPMD callbacks when Shardy is off) keeps query heads, kv heads and the dense
+batch split as given and everything else (tokens, head_dim, index arrays) whole. KV
+heads are split with the query heads when the number of shards divides num_heads_k;
+when instead num_heads_k divides it (MQA, or GQA with fewer kv heads than shards) kv
+stays replicated and each shard reads its one kv head; other head counts are gathered.
+`sharded` wraps an op in `jax.shard_map` for code that prefers explicit SPMD, and for
+programs to `jax.export` (which cannot serialize custom_partitioning).
+
+vmap. Flash attention folds the mapped axis into the heads (varlen) or the batch
+(dense), so a vmapped call is one kernel launch; the other ops, and flash calls whose
+index arrays are mapped too, run once per element (`jax.lax.map`), equal to a loop.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
+import math
+from typing import Callable
 
 import jax
+from jax.custom_batching import custom_vmap
+from jax.experimental.custom_partitioning import custom_partitioning
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
 from xla_attn import _native, _ops
 
-__all__ = ["flash_attn_varlen", "flash_attn", "paged_attention", "reshape_and_cache_flash"]
+__all__ = ["flash_attn_varlen", "flash_attn", "paged_attention", "reshape_and_cache_flash",
+           "sharded"]
 
 
 @functools.cache
@@ -24,6 +48,7 @@ def _register() -> None:
 def _call(target: str, results, *operands, aliases=None, **attributes):
     _register()
     attrs = {k: (np.float32(v) if isinstance(v, float) else v) for k, v in attributes.items()}
+    # vmap normally stops at _apply's rule; inside shard_map the calls come here directly.
     call = jax.ffi.ffi_call(target, results, vmap_method="sequential",
                             input_output_aliases=aliases)
     outputs = call(*operands, **attrs)
@@ -74,9 +99,306 @@ def _or_absent(x, dtype):
     return _absent(dtype) if x is None else jnp.asarray(x)
 
 
+def _maybe(x):
+    return None if x is None else jnp.asarray(x)
+
+
+# ---------------------------------------------------------------- which dims may be split
+# One letter per dimension of each array argument or result, by op and argument name:
+# H query heads, K kv heads (split together with H), B the batch of the dense layout,
+# "." a dimension that stays whole on every shard (tokens, head_dim, blocks; index
+# arrays are all "."). Several entries: one per rank the argument may have. vmap adds
+# a leading digit (0, 1, ... by nesting depth) for each mapped axis it folds.
+_DIMS = {
+    "flash_attn_varlen": dict(q=".H.", k=(".K.", "..K."), v=(".K.", "..K."), dout=".H.",
+                              out=".H.", softmax_lse="H.", alibi_slopes=("H", ".H")),
+    "flash_attn": dict(q="B.H.", k="B.K.", v="B.K.", dout="B.H.", out="B.H.",
+                       softmax_lse="BH.", alibi_slopes=("H", "BH")),
+    "paged_attention": dict(query=".H.", key_cache="..K.", value_cache="..K.", out=".H."),
+    "reshape_and_cache_flash": dict(key=".K.", value=".K.", key_cache="..K.",
+                                    value_cache="..K."),
+}
+
+
+def _dims(family: str, name: str, ndim: int | None = None) -> str:
+    """The letters of argument `name` of rank `ndim` (None: the only rank it has)."""
+    known = _DIMS[family].get(name, ())
+    known = (known,) if isinstance(known, str) else known
+    for dims in known:
+        if ndim is None or len(dims) == ndim:
+            return dims
+    return "." * ndim
+
+
+@dataclasses.dataclass(frozen=True)
+class _Op:
+    """One custom call as the partitioner and vmap see it (hashable: it is the static
+    argument of custom_partitioning). `impl(spec, *operands)` computes the results on
+    whole arrays or on one shard's; None operands are absent."""
+
+    impl: Callable
+    spec: object
+    operands: tuple  # the letters of each operand (None where the operand is absent)
+    results: tuple   # the letters of each result
+    heads: int       # num_heads (num_heads_k where no operand has query heads)
+    heads_k: int
+    lead: int        # the operand whose sharding is looked at first
+    fold: str = ""   # letters vmap may fold a mapped axis into ("": loop instead)
+
+    @property
+    def head_letter(self) -> str:
+        return "H" if any(d and "H" in d for d in self.operands) else "K"
+
+
+def _op(family, impl, spec, names, operands, results, lead=0, fold="") -> _Op:
+    dims = tuple(None if x is None else _dims(family, n, x.ndim)
+                 for n, x in zip(names, operands))
+    ranks = {n: x.ndim for n, x in zip(names, operands) if x is not None}
+    sizes = {c: x.shape[i] for d, x in zip(dims, operands) if d for i, c in enumerate(d)}
+    return _Op(impl, spec, dims, tuple(_dims(family, n, ranks.get(n)) for n in results),
+               sizes.get("H", sizes.get("K")), sizes.get("K", 1), lead, fold)
+
+
+def _apply(op: _Op, *operands):
+    """op.impl on whole arrays: split per shard under jit, batched under vmap."""
+    if any(_vma(x) for x in operands if x is not None):
+        return op.impl(op.spec, *operands)  # inside shard_map: already one shard's arrays
+    fn = custom_vmap(lambda *xs: _partitioned(op, *xs))
+    fn.def_vmap(functools.partial(_vmap_rule, op))
+    return fn(*operands)
+
+
+# ---------------------------------------------------------------- partitioning
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How one call is split: (letter, mesh axes) for each split letter, and whether kv
+    heads are split with the query heads ("shard") or kept whole on every shard, each
+    shard using its one kv head ("slice": num_heads_k divides the number of shards)."""
+
+    split: tuple = ()
+    kv: str = "shard"
+
+    def axes(self, letter: str) -> tuple:
+        return dict(self.split).get(letter, ())
+
+
+def _axes(entry) -> tuple:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _size(mesh, axes: tuple) -> int:
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def _head_plan(heads: int, heads_k: int, axes: tuple, n: int, has_query_heads: bool):
+    """(axes, kv mode) for splitting the heads n ways, or ((), "shard") when they
+    cannot be: then the heads stay whole and XLA gathers them."""
+    if not axes or heads % n:
+        return (), "shard"
+    if heads_k % n == 0:
+        return axes, "shard"
+    if has_query_heads and n % heads_k == 0:
+        return axes, "slice"
+    return (), "shard"
+
+
+def _plan(op: _Op, mesh, arg_shapes) -> _Plan:
+    """Split each letter as the first operand that has it split (the lead first: an
+    operand computed in the program, like dout, may arrive replicated), where its
+    size allows; a mesh axis serves one letter only."""
+    order = [op.lead] + [i for i in range(len(op.operands)) if i != op.lead]
+    head = op.head_letter
+    letters = [head] + sorted({c for d in op.operands if d for c in d} - set(".HK"))
+    split, used, kv = [], set(), "shard"
+    for letter in letters:
+        axes, size = _first_split(op, arg_shapes, order, letter)
+        if used & set(axes):
+            continue
+        if letter == head:
+            axes, kv = _head_plan(op.heads, op.heads_k, axes, _size(mesh, axes), head == "H")
+        elif size % _size(mesh, axes):
+            continue
+        if axes:
+            split.append((letter, axes))
+            used.update(axes)
+    if head == "H" and kv == "shard" and dict(split).get("H"):
+        split.append(("K", dict(split)["H"]))
+    return _Plan(tuple(split), kv)
+
+
+def _first_split(op: _Op, arg_shapes, order, letter: str) -> tuple[tuple, int]:
+    """(mesh axes, size) of dimension `letter` in the first operand that splits it."""
+    for i in order:
+        dims, shape = op.operands[i], arg_shapes[i]
+        sharding = getattr(shape, "sharding", None)
+        if not dims or letter not in dims or not isinstance(sharding, NamedSharding):
+            continue
+        d = dims.index(letter)
+        axes = _axes((tuple(sharding.spec) + (None,) * len(dims))[d])
+        if axes:
+            return axes, shape.shape[d]
+    return (), 0
+
+
+def _spec(dims: str, plan: _Plan) -> P:
+    def entry(c):
+        axes = plan.axes(c)
+        return None if not axes else axes[0] if len(axes) == 1 else axes
+    return P(*(entry(c) for c in dims))
+
+
+def _kv_head(plan: _Plan, mesh, heads_k: int):
+    """The kv head of this shard when kv heads are fewer than the shards ("slice")."""
+    heads = plan.axes("H")
+    return jax.lax.axis_index(heads) // (_size(mesh, heads) // heads_k)
+
+
+def _per_shard(op: _Op, plan: _Plan, mesh):
+    """op.impl on one shard's operands; in "slice" mode it first takes this shard's kv
+    head and afterwards sums kv results (gradients) over the shards sharing a head."""
+    if plan.kv != "slice":
+        return lambda *xs: op.impl(op.spec, *xs)
+
+    def run(*xs):
+        index = _kv_head(plan, mesh, op.heads_k) if op.heads_k > 1 else 0
+        xs = [x if d is None or "K" not in d else
+              jax.lax.dynamic_slice_in_dim(x, index, 1, d.index("K"))
+              for x, d in zip(xs, op.operands)]
+        results = op.impl(op.spec, *xs)
+        return tuple(r if "K" not in d else _kv_sum(r, d.index("K"), index, op.heads_k, plan)
+                     for r, d in zip(results, op.results))
+    return run
+
+
+def _kv_sum(r, axis: int, index, heads_k: int, plan: _Plan):
+    if heads_k > 1:
+        shape = r.shape[:axis] + (heads_k,) + r.shape[axis + 1:]
+        r = jax.lax.dynamic_update_slice_in_dim(jnp.zeros(shape, r.dtype), r, index, axis)
+    return jax.lax.psum(r, plan.axes("H"))
+
+
+def _partition(op: _Op, mesh, arg_shapes, result_shape):
+    plan = _plan(op, mesh, arg_shapes)
+    args = tuple(None if d is None else NamedSharding(mesh, _spec(d, plan)) for d in op.operands)
+    results = tuple(NamedSharding(mesh, _spec(d, plan)) for d in op.results)
+    return mesh, _per_shard(op, plan, mesh), results, args
+
+
+def _infer(op: _Op, mesh, arg_shapes, result_shape):
+    plan = _plan(op, mesh, arg_shapes)
+    return tuple(NamedSharding(mesh, _spec(d, plan)) for d in op.results)
+
+
+def _rule(op: _Op, mesh, operand_types, result_types):
+    """The Shardy sharding rule: H, K, B and vmap's digits are factors Shardy may split
+    (query heads as the compound (k g) of kv heads and group, so both split alike),
+    every other dimension a factor of its own that must stay whole. Shardy would have
+    to cut a mesh axis into sub-axes to put it on k when k is smaller, so q and kv
+    heads are tied only when every mesh axis divides num_heads_k; untied, kv keeps its
+    sharding and the partition step decides."""
+    group = op.heads // op.heads_k
+    tied = op.heads_k > 1 and all(op.heads_k % s == 0 for s in mesh.shape.values())
+    query = "k" if group == 1 else "(k g)" if tied else "h"
+    whole = []
+
+    def factor(c):
+        if c == ".":
+            whole.append(f"w{len(whole)}")
+            return whole[-1]
+        return {"H": query, "K": "k", "B": "b"}.get(c, f"v{c}")
+
+    def factors(dims):
+        return " ".join(factor(c) for c in dims)
+
+    operands = ", ".join(factors(d) for d in op.operands if d is not None)
+    results = ", ".join(factors(d) for d in op.results)
+    extra = {"g": group} if query == "(k g)" else {}
+    return f"{operands} -> {results}", dict(need_replication_factors=tuple(whole), **extra)
+
+
+def _run(op: _Op, *operands):
+    return op.impl(op.spec, *operands)
+
+
+_partitioned = custom_partitioning(_run, static_argnums=(0,))
+_partitioned.def_partition(_partition, infer_sharding_from_operands=_infer, sharding_rule=_rule)
+
+
+# ---------------------------------------------------------------- vmap
+def _vmap_rule(op: _Op, axis_size: int, in_batched, *operands):
+    results = _fold(op, axis_size, in_batched, operands)
+    if results is None:
+        results = _sequential(op, in_batched, operands)
+    return results, tuple(True for _ in results)
+
+
+def _folds(op: _Op, dims) -> bool:
+    return bool(dims) and any(c in op.fold for c in dims)
+
+
+def _fold(op: _Op, n: int, in_batched, operands):
+    """One call for the whole mapped axis, folded into the heads (H and K together:
+    query head v*H + i then uses kv head v*Hk + i // group, the GQA map of element v)
+    or into the dense batch; None when a mapped operand has no such dimension. The
+    fold itself happens per shard (_folded_impl), so split heads stay split."""
+    if not op.fold:
+        return None
+    if any(b and x is not None and not _folds(op, d)
+           for x, b, d in zip(operands, in_batched, op.operands)):
+        return None
+    operands = [jnp.broadcast_to(x, (n,) + x.shape) if _folds(op, d) and not b else x
+                for x, b, d in zip(operands, in_batched, op.operands)]
+    digit = str(sum(c.isdigit() for c in op.results[0]))
+    folded = dataclasses.replace(
+        op, impl=_folded_impl, spec=op,
+        operands=tuple(digit + d if _folds(op, d) else d for d in op.operands),
+        results=tuple(digit + d for d in op.results))
+    return _apply(folded, *operands)
+
+
+def _folded_impl(op: _Op, *operands):
+    """op on operands with a leading mapped axis, folded into op.fold's dimension as
+    its major part."""
+    n = next(x.shape[0] for x, d in zip(operands, op.operands) if _folds(op, d))
+    target = lambda d: next(i for i, c in enumerate(d) if c in op.fold)  # noqa: E731
+    operands = [_merge(x, target(d)) if _folds(op, d) else x
+                for x, d in zip(operands, op.operands)]
+    results = op.impl(op.spec, *operands)
+    return tuple(_split(r, target(d), n) for r, d in zip(results, op.results))
+
+
+def _merge(x, axis: int):
+    """x (n, ...) with n folded into dimension `axis` of x[0], as its major part."""
+    x = jnp.moveaxis(x, 0, axis)
+    return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
+
+
+def _split(x, axis: int, n: int):
+    x = x.reshape(x.shape[:axis] + (n, x.shape[axis] // n) + x.shape[axis + 1:])
+    return jnp.moveaxis(x, axis, 0)
+
+
+def _sequential(op: _Op, in_batched, operands):
+    mapped = [i for i, (x, b) in enumerate(zip(operands, in_batched)) if x is not None and b]
+
+    def one(xs):
+        args = list(operands)
+        for i, x in zip(mapped, xs):
+            args[i] = x
+        return _apply(op, *args)
+    return jax.lax.map(one, tuple(operands[i] for i in mapped))
+
+
 # ---------------------------------------------------------------- flash attention
-def _flash_fwd(spec: _ops.FlashSpec, q, k, v, cu_q, cu_k, seqused_k, block_table, alibi,
-               q_descale=None, k_descale=None, v_descale=None):
+_FWD = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
+        "alibi_slopes", "q_descale", "k_descale", "v_descale")
+_BWD = ("dout", "q", "k", "v", "out", "softmax_lse", "cu_seqlens_q", "cu_seqlens_k",
+        "seqused_k", "alibi_slopes")
+
+
+def _flash_fwd_impl(spec: _ops.FlashSpec, q, k, v, cu_q, cu_k, seqused_k=None,
+                    block_table=None, alibi=None, q_descale=None, k_descale=None,
+                    v_descale=None):
     total_q, num_heads, head_dim = q.shape
     workspace = _native.flash_fwd_workspace_size(total_q, cu_q.shape[0] - 1, num_heads, head_dim,
                                                  spec.max_seqlen_q, spec.max_seqlen_k)
@@ -91,23 +413,71 @@ def _flash_fwd(spec: _ops.FlashSpec, q, k, v, cu_q, cu_k, seqused_k, block_table
     return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash_diff(spec, q, k, v, cu_q, cu_k, seqused_k, alibi):
-    return _flash_fwd(spec, q, k, v, cu_q, cu_k, seqused_k, None, alibi)
+def _flash_bwd_impl(spec: _ops.FlashSpec, dout, q, k, v, out, lse, cu_q, cu_k, seqused_k=None,
+                    alibi=None):
+    results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
+    return tuple(_call("xla_attn_flash_bwd_v1", results, dout.astype(q.dtype), q, k, v, out, lse,
+                       cu_q, cu_k, _or_absent(seqused_k, jnp.int32),
+                       _or_absent(alibi, jnp.float32), **spec.attributes()))
 
 
-def _flash_diff_fwd(spec, q, k, v, cu_q, cu_k, seqused_k, alibi):
-    out, lse = _flash_fwd(spec, q, k, v, cu_q, cu_k, seqused_k, None, alibi)
+def _dense_cu(b: int, s: int):
+    return jnp.arange(b + 1, dtype=jnp.int32) * s
+
+
+def _dense_fwd_impl(spec, q, k, v, alibi=None):
+    """The dense layout on the varlen kernel: (B, S, H, D) is B sequences of S tokens."""
+    (b, sq, h, _), sk = q.shape, k.shape[1]
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+    out, lse = _flash_fwd_impl(spec, flat(q), flat(k), flat(v), _dense_cu(b, sq),
+                               _dense_cu(b, sk), alibi=alibi)
+    return out.reshape(q.shape[:3] + out.shape[-1:]), lse.reshape(h, b, sq).transpose(1, 0, 2)
+
+
+def _dense_bwd_impl(spec, dout, q, k, v, out, lse, alibi=None):
+    (b, sq, h, _), sk = q.shape, k.shape[1]
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+    grads = _flash_bwd_impl(spec, flat(dout), flat(q), flat(k), flat(v), flat(out),
+                            lse.transpose(1, 0, 2).reshape(h, b * sq), _dense_cu(b, sq),
+                            _dense_cu(b, sk), alibi=alibi)
+    return tuple(g.reshape(x.shape) for g, x in zip(grads, (q, k, v)))
+
+
+def _fwd_op(spec, dense: bool, operands) -> _Op:
+    if dense:
+        return _op("flash_attn", _dense_fwd_impl, spec, ("q", "k", "v", "alibi_slopes"),
+                   operands, ("out", "softmax_lse"), fold="B")
+    # A paged cache would be copied once per mapped element to fold it: loop instead.
+    return _op("flash_attn_varlen", _flash_fwd_impl, spec, _FWD, operands,
+               ("out", "softmax_lse"), fold="" if spec.paged else "HK")
+
+
+def _bwd_op(spec, dense: bool, operands) -> _Op:
+    if dense:
+        names = ("dout", "q", "k", "v", "out", "softmax_lse", "alibi_slopes")
+        return _op("flash_attn", _dense_bwd_impl, spec, names, operands, ("q", "k", "v"),
+                   fold="B")
+    return _op("flash_attn_varlen", _flash_bwd_impl, spec, _BWD, operands, ("q", "k", "v"),
+               fold="HK")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _flash_diff(spec, dense, q, k, v, cu_q, cu_k, seqused_k, alibi):
+    # the varlen forward's operands are _FWD: no block_table here (not differentiable)
+    operands = (q, k, v) + ((alibi,) if dense else (cu_q, cu_k, seqused_k, None, alibi))
+    return _apply(_fwd_op(spec, dense, operands), *operands)
+
+
+def _flash_diff_fwd(spec, dense, q, k, v, cu_q, cu_k, seqused_k, alibi):
+    out, lse = _flash_diff(spec, dense, q, k, v, cu_q, cu_k, seqused_k, alibi)
     return (out, lse), (q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi)
 
 
-def _flash_diff_bwd(spec, residuals, cotangents):
+def _flash_diff_bwd(spec, dense, residuals, cotangents):
     q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi = residuals
     dout, _ = cotangents  # softmax_lse is an auxiliary output: not differentiated (as flash-attn)
-    results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
-    dq, dk, dv = _call("xla_attn_flash_bwd_v1", results, dout.astype(q.dtype), q, k, v, out, lse,
-                       cu_q, cu_k, _or_absent(seqused_k, jnp.int32),
-                       _or_absent(alibi, jnp.float32), **spec.attributes())
+    operands = (dout, q, k, v, out, lse) + ((alibi,) if dense else (cu_q, cu_k, seqused_k, alibi))
+    dq, dk, dv = _apply(_bwd_op(spec, dense, operands), *operands)
     axes = _vma(dq)
     return (_cotangent(dq, q, axes), _cotangent(dk, k, axes), _cotangent(dv, v, axes),
             None, None, None, None)
@@ -124,78 +494,199 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     `flash_attn_varlen_func`). q `(total_q, H, D)`; k, v `(total_k, Hk, D)` or, with
     `block_table`, a paged cache `(num_blocks, block_size, Hk, D)`. Returns out like q
     (bf16 for fp8 q) and, if asked, softmax_lse `(H, total_q)` float32.
-    Differentiable in q, k, v when not paged and not fp8."""
+    Differentiable in q, k, v when not paged and not fp8.
+
+    Sharded under `jax.jit`: runs per shard when the heads of q are split over mesh
+    axes (k, v split alike, or replicated when num_heads_k divides the shard count);
+    total_q and total_k must not be split (they are gathered if they are).
+    vmap: the mapped axis is folded into the heads (one call) unless cu_seqlens,
+    seqused_k or the descales are mapped, or the cache is paged: then one call per element."""
     spec = _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes,
                                   seqused_k, block_table, q_descale, k_descale, v_descale)
     q, k, v, cu_q, cu_k = map(jnp.asarray, (q, k, v, cu_seqlens_q, cu_seqlens_k))
     if spec.paged or spec.out_dtype != q.dtype:
-        out, lse = _flash_fwd(spec, q, k, v, cu_q, cu_k, seqused_k, block_table, alibi_slopes,
-                              q_descale, k_descale, v_descale)
+        operands = (q, k, v, cu_q, cu_k) + tuple(map(_maybe, (
+            seqused_k, block_table, alibi_slopes, q_descale, k_descale, v_descale)))
+        out, lse = _apply(_fwd_op(spec, False, operands), *operands)
     else:
-        out, lse = _flash_diff(spec, q, k, v, cu_q, cu_k,
-                               None if seqused_k is None else jnp.asarray(seqused_k),
-                               None if alibi_slopes is None else jnp.asarray(alibi_slopes))
+        out, lse = _flash_diff(spec, False, q, k, v, cu_q, cu_k, _maybe(seqused_k),
+                               _maybe(alibi_slopes))
     return (out, lse) if return_softmax_lse else out
 
 
 def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                alibi_slopes=None, return_softmax_lse=False):
     """Dense-layout flash attention: q `(B, Sq, H, D)`, k and v `(B, Sk, Hk, D)` (the
-    layout of `jax.nn.dot_product_attention`). softmax_lse is `(B, H, Sq)`."""
+    layout of `jax.nn.dot_product_attention`). softmax_lse is `(B, H, Sq)`.
+
+    Sharded under `jax.jit`: runs per shard when the batch and/or the heads are split
+    (kv heads as in `flash_attn_varlen`); Sq, Sk and D must not be split.
+    vmap: the mapped axis is folded into the batch (one call)."""
     b, sq, sk = _ops.flash_dense_check(q, k, v)
     q, k, v = map(jnp.asarray, (q, k, v))
-    cu_q = jnp.arange(b + 1, dtype=jnp.int32) * sq
-    cu_k = jnp.arange(b + 1, dtype=jnp.int32) * sk
-    out, lse = flash_attn_varlen(
-        q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
-        v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, sq, sk, softmax_scale=softmax_scale,
-        causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-        return_softmax_lse=True)
-    out = out.reshape(q.shape[:3] + out.shape[-1:])
-    if not return_softmax_lse:
-        return out
-    return out, lse.reshape(lse.shape[0], b, sq).transpose(1, 0, 2)
+    flat = lambda x, s: jax.ShapeDtypeStruct((b * s,) + x.shape[2:], x.dtype)  # noqa: E731
+    cu = jax.ShapeDtypeStruct((b + 1,), jnp.int32)
+    spec = _ops.flash_varlen_spec(flat(q, sq), flat(k, sk), flat(v, sk), cu, cu, sq, sk,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  None, None, None, None, None, op="flash_attn")
+    alibi = _maybe(alibi_slopes)
+    if spec.out_dtype != q.dtype:  # fp8: forward only
+        out, lse = _apply(_fwd_op(spec, True, (q, k, v, alibi)), q, k, v, alibi)
+    else:
+        out, lse = _flash_diff(spec, True, q, k, v, None, None, None, alibi)
+    return (out, lse) if return_softmax_lse else out
 
 
 # ---------------------------------------------------------------- paged attention
+_PAGED = ("query", "key_cache", "value_cache", "seq_lens", "block_tables", "query_start_loc",
+          "num_seqs", "k_scale", "v_scale")
+
+
+def _paged_impl(spec: _ops.PagedSpec, query, key_cache, value_cache, seq_lens, block_tables,
+                query_start_loc, num_seqs=None, k_scale=None, v_scale=None):
+    total_q, num_heads, head_dim = query.shape
+    workspace = _native.paged_attention_workspace_size(
+        total_q, seq_lens.shape[0], num_heads, head_dim, block_tables.shape[1], key_cache.shape[1])
+    results = (jax.ShapeDtypeStruct(query.shape, query.dtype),
+               jax.ShapeDtypeStruct((workspace,), jnp.uint8))
+    out, _ = _call("xla_attn_paged_attention_v1", results, query, key_cache, value_cache,
+                   seq_lens, block_tables, query_start_loc, _or_absent(num_seqs, jnp.int32),
+                   _or_absent(k_scale, jnp.float32), _or_absent(v_scale, jnp.float32),
+                   **spec.attributes())
+    return (out,)
+
+
 def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, scale,
                     sliding_window=None, soft_cap=None, k_scale=None, v_scale=None, num_seqs=None,
                     kv_cache_dtype="auto"):
     """Attention of ragged query spans over a paged KV cache (decode and short
     prefill chunks). query `(total_q, H, D)`; caches `(num_blocks, block_size, Hk, D)`
     (float like query, float8, or uint8 with `kv_cache_dtype`); `num_seqs` an int32
-    device scalar counting the real rows of a padded batch."""
+    device scalar counting the real rows of a padded batch.
+
+    Sharded under `jax.jit`: runs per shard when the query heads are split (the caches'
+    kv heads split alike, or replicated when num_heads_k divides the shard count).
+    vmap: one call per element (`jax.lax.map`)."""
     spec = _ops.paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables,
                                      query_start_loc, scale, sliding_window, soft_cap, k_scale,
                                      v_scale, num_seqs, kv_cache_dtype)
-    query = jnp.asarray(query)
-    total_q, num_heads, head_dim = query.shape
-    workspace = _native.paged_attention_workspace_size(
-        total_q, seq_lens.shape[0], num_heads, head_dim, block_tables.shape[1], key_cache.shape[1])
-    results = (jax.ShapeDtypeStruct(query.shape, query.dtype),
-               jax.ShapeDtypeStruct((workspace,), jnp.uint8))
-    out, _ = _call("xla_attn_paged_attention_v1", results, query, jnp.asarray(key_cache),
-                 jnp.asarray(value_cache), jnp.asarray(seq_lens), jnp.asarray(block_tables),
-                 jnp.asarray(query_start_loc), _or_absent(num_seqs, jnp.int32),
-                   _or_absent(k_scale, jnp.float32), _or_absent(v_scale, jnp.float32),
-                   **spec.attributes())
+    operands = tuple(map(_maybe, (query, key_cache, value_cache, seq_lens, block_tables,
+                                  query_start_loc, num_seqs, k_scale, v_scale)))
+    (out,) = _apply(_op("paged_attention", _paged_impl, spec, _PAGED, operands, ("out",)),
+                    *operands)
     return out
 
 
 # ---------------------------------------------------------------- KV-cache write
+_CACHE = ("key", "value", "key_cache", "value_cache", "slot_mapping", "k_scale", "v_scale")
+
+
+def _cache_impl(fmt: str, key, value, key_cache, value_cache, slot_mapping, k_scale=None,
+                v_scale=None):
+    results = (jax.ShapeDtypeStruct(key_cache.shape, key_cache.dtype),
+               jax.ShapeDtypeStruct(value_cache.shape, value_cache.dtype))
+    return tuple(_call("xla_attn_reshape_and_cache_flash_v1", results, key, value, key_cache,
+                       value_cache, slot_mapping, _or_absent(k_scale, jnp.float32),
+                       _or_absent(v_scale, jnp.float32), aliases={2: 0, 3: 1},
+                       kv_cache_dtype=fmt))
+
+
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
                             kv_cache_dtype="auto", k_scale=None, v_scale=None):
     """Scatter `key`/`value` `(num_tokens, Hk, D)` into the paged caches at
     `slot_mapping` (slot -1 skipped); fp8 formats quantize as `x / scale`. Returns the
     updated `(key_cache, value_cache)`, aliased onto the inputs: under `jax.jit` with
-    the caches donated the update happens in place."""
-    fmt = _ops.reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                k_scale, v_scale)
-    key_cache, value_cache = jnp.asarray(key_cache), jnp.asarray(value_cache)
-    results = (jax.ShapeDtypeStruct(key_cache.shape, key_cache.dtype),
-               jax.ShapeDtypeStruct(value_cache.shape, value_cache.dtype))
-    return _call("xla_attn_reshape_and_cache_flash_v1", results, jnp.asarray(key),
-                 jnp.asarray(value), key_cache, value_cache, jnp.asarray(slot_mapping),
-                 _or_absent(k_scale, jnp.float32), _or_absent(v_scale, jnp.float32),
-                 aliases={2: 0, 3: 1}, kv_cache_dtype=fmt)
+    the caches donated the update happens in place.
+
+    Sharded under `jax.jit`: runs per shard, in place, when the caches' kv heads are
+    split (key and value follow the caches).
+    vmap: one call per element (`jax.lax.map`); the results are new arrays then."""
+    fmt = _ops.reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mapping,
+                                            kv_cache_dtype, k_scale, v_scale)
+    operands = tuple(map(_maybe, (key, value, key_cache, value_cache, slot_mapping, k_scale,
+                                  v_scale)))
+    op = _op("reshape_and_cache_flash", _cache_impl, fmt, _CACHE, operands,
+             ("key_cache", "value_cache"), lead=2)
+    return _apply(op, *operands)
+
+
+# ---------------------------------------------------------------- shard_map
+_OPS = {"flash_attn_varlen": flash_attn_varlen, "flash_attn": flash_attn,
+        "paged_attention": paged_attention, "reshape_and_cache_flash": reshape_and_cache_flash}
+
+
+def sharded(op, mesh, *, head_axis=None, batch_axis=None):
+    """`op` (one of the four ops of this module or of `xla_attn`) run per shard with
+    `jax.shard_map` over `mesh`: same arguments, same results.
+
+    head_axis: mesh axis name (or tuple of names) to split the heads over: q's heads,
+        and k/v's (or the caches') kv heads when the axis size divides num_heads_k;
+        when num_heads_k divides it instead, kv is replicated and each shard attends
+        with its own kv head. Other head counts raise ValueError.
+    batch_axis: mesh axis name(s) to split the batch of `flash_attn`'s dense layout over.
+    Everything else (tokens, head_dim, cu_seqlens, block tables, slots, scales) is
+    replicated. Inputs arrive in whatever sharding they have and jax moves them to
+    these specs; the results come out split the same way.
+
+        step = jax.jit(xla_attn.jax.sharded(xla_attn.paged_attention, mesh, head_axis="tp"))
+
+    Under plain `jax.jit` the ops already run per shard (see the module docstring); this
+    is for code that is written with shard_map."""
+    name = getattr(op, "__name__", None)
+    if name not in _OPS:
+        raise TypeError(f"sharded: op must be one of {', '.join(_OPS)}, got {op!r}")
+    if batch_axis is not None and name != "flash_attn":
+        raise ValueError(f"sharded: batch_axis applies to flash_attn's dense layout, not {name}")
+    target = _OPS[name]
+    signature = inspect.signature(target)
+
+    def call(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs).arguments
+        arrays = {n: jnp.asarray(x) for n, x in arguments.items() if hasattr(x, "shape")}
+        static = {n: x for n, x in arguments.items() if n not in arrays}
+        plan = _sharded_plan(name, mesh, arrays, _axes(head_axis), _axes(batch_axis))
+        in_specs = tuple(_spec(_dims(name, n, x.ndim), plan) for n, x in arrays.items())
+
+        def body(*xs):
+            local = dict(zip(arrays, xs))
+            if plan.kv == "slice":
+                local = _own_kv_head(name, local, plan, mesh)
+            return target(**static, **local)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=in_specs,
+                             out_specs=_result_specs(name, static, plan))(*arrays.values())
+    return functools.wraps(target)(call)
+
+
+def _sharded_plan(name, mesh, arrays, heads: tuple, batch: tuple) -> _Plan:
+    sizes = {c: x.shape[i] for n, x in arrays.items() for i, c in enumerate(_dims(name, n, x.ndim))}
+    h, hk = sizes.get("H", sizes.get("K")), sizes.get("K", 1)
+    n = _size(mesh, heads)
+    axes, kv = _head_plan(h, hk, heads, n, "H" in sizes)
+    if heads and not axes:
+        raise ValueError(f"sharded: cannot split num_heads={h}, num_heads_k={hk} over {n} "
+                         f"shards of {heads}: need num_heads % {n} == 0 and num_heads_k a "
+                         f"multiple or a divisor of {n}")
+    split = (("H", axes), ("K", axes if kv == "shard" else ()), ("B", batch))
+    return _Plan(tuple((c, a) for c, a in split if a), kv)
+
+
+def _own_kv_head(name, local: dict, plan: _Plan, mesh) -> dict:
+    """This shard's kv head, from kv replicated on every shard ("slice" mode)."""
+    dims = {n: _dims(name, n, x.ndim) for n, x in local.items()}
+    hk = next(local[n].shape[d.index("K")] for n, d in dims.items() if "K" in d)
+    if hk == 1:
+        return local
+    index = _kv_head(plan, mesh, hk)
+    return {n: jax.lax.dynamic_slice_in_dim(x, index, 1, dims[n].index("K"))
+            if "K" in dims[n] else x for n, x in local.items()}
+
+
+def _result_specs(name, static: dict, plan: _Plan):
+    if name == "reshape_and_cache_flash":
+        return (_spec(_dims(name, "key_cache"), plan),) * 2
+    out = _spec(_dims(name, "out"), plan)
+    if static.get("return_softmax_lse"):
+        return out, _spec(_dims(name, "softmax_lse"), plan)
+    return out

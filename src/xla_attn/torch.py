@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from xla_attn import _capi, _ops
+from xla_attn import _capi, _ops, _torch_segments
 
 __all__ = ["flash_attn_varlen", "flash_attn", "paged_attention", "reshape_and_cache_flash"]
 
@@ -295,18 +295,38 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
 
 
 def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-               alibi_slopes=None, return_softmax_lse=False):
+               alibi_slopes=None, return_softmax_lse=False, q_segment_ids=None,
+               kv_segment_ids=None, max_segments=None):
     """Dense-layout flash attention: q `(B, Sq, H, D)`, k and v `(B, Sk, Hk, D)` (the
-    layout of `flash_attn_func`). softmax_lse is `(B, H, Sq)`."""
+    layout of `flash_attn_func`). softmax_lse is `(B, H, Sq)`.
+
+    `q_segment_ids (B, Sq)` / `kv_segment_ids (B, Sk)` (int32/int64) pack several
+    documents in a row: a query sees only keys of its own segment. Each segment must
+    be one contiguous run, in the same order in q and kv (see `_ops`, "segment ids");
+    causal masking is then per segment. CPU ids are checked on the host (ValueError);
+    device ids are converted on the device without a sync, and ids that break the rule
+    give NaN outputs. `max_segments` (a Python int) bounds the segments per row
+    (default min(Sq, Sk)); a tight bound keeps the launch small on GPUs."""
     b, sq, sk = _ops.flash_dense_check(q, k, v)
-    cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sq
-    cu_k = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sk
+    bad = None
+    if q_segment_ids is None and kv_segment_ids is None:
+        cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sq
+        cu_k = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sk
+        max_q, max_k = sq, sk
+    else:
+        bound = _ops.segment_ids_check(q_segment_ids, kv_segment_ids, b, sq, sk, max_segments)
+        if alibi_slopes is not None and alibi_slopes.dim() == 2:
+            raise ValueError("flash_attn: per-row alibi_slopes (batch, num_heads) cannot be "
+                             "combined with segment ids; pass (num_heads,)")
+        cu_q, cu_k, max_q, max_k, bad = _torch_segments.cu_seqlens(q_segment_ids,
+                                                                   kv_segment_ids, bound)
+        cu_q, cu_k = cu_q.to(q.device), cu_k.to(q.device)
     out, lse = flash_attn_varlen(
         q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
-        v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, sq, sk, softmax_scale=softmax_scale,
+        v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale,
         causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
         return_softmax_lse=True)
-    out = out.reshape(*q.shape[:3], out.shape[-1])
+    out = _torch_segments.poison(out, bad).reshape(*q.shape[:3], out.shape[-1])
     if not return_softmax_lse:
         return out
     return out, lse.reshape(lse.shape[0], b, sq).transpose(0, 1).contiguous()

@@ -18,7 +18,7 @@ from xla_attn import jax as xj  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-FAMILIES = ["portable"]
+FAMILIES = ["portable", "sm80"]
 DTYPES = ["float32", "float16", "bfloat16"]
 HEAD_DIMS = [32, 64, 80, 128, 256]
 FEATURES = {
@@ -35,6 +35,25 @@ FEATURES = {
 def family(request, monkeypatch):
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", request.param)
     return request.param
+
+
+@pytest.fixture(params=FAMILIES + ["auto"])
+def paged_family(request, monkeypatch):
+    """paged_attention's routes: forced onto one flash family (the decode kernel then
+    stands aside), or "auto": the decode kernel for short query spans and the best flash
+    family for the longer ones, as users get it."""
+    if request.param == "auto":
+        monkeypatch.delenv("XLA_ATTN_FORCE_FAMILY", raising=False)
+    else:
+        monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", request.param)
+    return request.param
+
+
+def _skip_outside(family, dtype="bfloat16", backward=False):
+    """The sm80 family (tensor cores) has f16 and bf16 forwards only: float32, fp8 and
+    the backward run on the portable family, which the "portable" param tests."""
+    if family == "sm80" and (backward or dtype not in ("float16", "bfloat16")):
+        pytest.skip("sm80 family: f16/bf16 forward only (f32, fp8 and the backward are portable's)")
 
 
 def _on(device, *arrays):
@@ -55,6 +74,7 @@ def _feature_kwargs(rng, mk, name, heads, batch):
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_flash_forward(family, gpu_device, rng, mk, dtype, head_dim, feature):
+    _skip_outside(family, dtype)
     lens_q, lens_k = [37, 1, 0, 70, 5], [50, 9, 4, 70, 3]
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=6, heads_k=2,
                                            head_dim=head_dim, pad_q=3)
@@ -66,6 +86,37 @@ def test_flash_forward(family, gpu_device, rng, mk, dtype, head_dim, feature):
     out, lse = jax.jit(lambda *a: xj.flash_attn_varlen(*a, max(lens_q), max(lens_k),
                                                        return_softmax_lse=True, **kw_dev))(*args)
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_flash_forward_long(family, gpu_device, rng, mk, dtype, head_dim, feature):
+    """Several row blocks and key tiles per sequence (the sm80 family's blocks are 64 or
+    128 rows, its tiles 32 or 64 keys): tile skipping, edge masks, row-block tails."""
+    lens_q, lens_k = [300, 129, 1, 64], [300, 200, 333, 64]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=4, heads_k=1,
+                                           head_dim=head_dim, pad_q=5)
+    kw = dict(FEATURES[feature])
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, **kw)
+    out, lse = jax.jit(lambda *a: xj.flash_attn_varlen(*a, max(lens_q), max(lens_k),
+                                                       return_softmax_lse=True, **kw))(
+        *_on(gpu_device, q, k, v, cu_q, cu_k))
+    ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
+
+
+@pytest.mark.parametrize("head_dim", [7, 20, 100, 250])
+def test_flash_forward_unaligned_head_dim(family, gpu_device, rng, mk, head_dim):
+    """Head dims that are not a multiple of 8 take the element-wise load and store path
+    of the sm80 family (its 16-byte copies need 16-byte rows)."""
+    lens_q, lens_k = [70, 3], [90, 3]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float16", lens_q, lens_k, heads=2, heads_k=2,
+                                           head_dim=head_dim, pad_q=1)
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, causal=True)
+    out, lse = jax.jit(lambda *a: xj.flash_attn_varlen(*a, 70, 90, causal=True,
+                                                       return_softmax_lse=True))(
+        *_on(gpu_device, q, k, v, cu_q, cu_k))
+    ref.assert_attention_close(out, exp_out, "float16", lse, exp_lse, valid_rows=int(cu_q[-1]))
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
@@ -86,6 +137,7 @@ def test_flash_forward_paged(family, gpu_device, rng, mk, dtype, block_size):
 
 
 def test_flash_forward_fp8(family, gpu_device, rng, mk):
+    _skip_outside(family, "float8_e4m3fn")
     lens = [33, 64]
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float8_e4m3fn", lens, lens, heads=4, heads_k=4,
                                            head_dim=64)
@@ -103,6 +155,7 @@ def test_flash_forward_fp8(family, gpu_device, rng, mk):
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_flash_backward(family, gpu_device, rng, mk, dtype, head_dim, feature):
+    _skip_outside(family, dtype, backward=True)
     lens_q, lens_k = [29, 0, 48, 3], [40, 6, 48, 1]
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=4, heads_k=2,
                                            head_dim=head_dim, pad_q=2, pad_k=3)
@@ -125,11 +178,22 @@ def test_flash_backward(family, gpu_device, rng, mk, dtype, head_dim, feature):
     assert np.all(np.asarray(got[1], np.float64)[cu_k[-1]:] == 0)
 
 
-@pytest.mark.parametrize("cache", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "uint8-fp8_e4m3"])
-def test_paged_attention_decode(family, gpu_device, rng, mk, cache):
-    heads, heads_k, dim, block_size = 8, 2, 128, 16
-    seq_lens = np.array([300, 1, 64, 17, 999], np.int32)
-    q_lens = np.array([1, 1, 4, 2, 1], np.int32)
+@pytest.mark.parametrize("shape", ["g4-d128-bs16", "g8-d64-bs64", "g2-d256-bs32"])
+@pytest.mark.parametrize("cache", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2",
+                                   "uint8-fp8_e4m3"])
+def test_paged_attention_decode(paged_family, gpu_device, rng, mk, cache, shape):
+    """Decode-sized query spans (1..4) beside a longer one (9 queries: past the decode
+    kernel's span for every group here, so it takes the flash forward in "auto"), GQA
+    groups 2/4/8 (the decode kernel's 4- and 8-row blocks), fp8 caches with scales."""
+    group, dim, block_size = (int(x[1:]) if x[0] == "g" else int(x.lstrip("dbs"))
+                              for x in shape.split("-"))
+    qdtype = "float16" if cache == "float16" else "bfloat16"
+    _skip_outside(paged_family if paged_family != "auto" else "portable",
+                  qdtype if cache in ("bfloat16", "float16") else "float8_e4m3fn")
+    heads_k = 2
+    heads = group * heads_k
+    seq_lens = np.array([300, 1, 64, 17, 999, 50], np.int32)
+    q_lens = np.array([1, 1, 4, 9, 1, 2], np.int32)
     qsl = mk.cu_seqlens(q_lens)
     storage, fmt = (cache.split("-") + ["auto"])[:2]
     cache_dtype = "float8_e4m3fn" if storage == "uint8" else storage
@@ -137,9 +201,9 @@ def test_paged_attention_decode(family, gpu_device, rng, mk, cache):
     k, v = k.astype(mk.np_dtype(cache_dtype)), v.astype(mk.np_dtype(cache_dtype))
     if storage == "uint8":
         k, v = k.view(np.uint8), v.view(np.uint8)
-    query = mk.random_array(rng, (int(qsl[-1]) + 3, heads, dim), "bfloat16")
+    query = mk.random_array(rng, (int(qsl[-1]) + 3, heads, dim), qdtype)
     ks, vs = np.float32(0.5), np.float32(1.5)
-    num_seqs = np.array(4, np.int32)  # the last row of the padded batch is not real
+    num_seqs = np.array(5, np.int32)  # the last row of the padded batch is not real
     exp = ref.paged_attention_ref(query, k, v, seq_lens, table, qsl, 0.1, sliding_window=200,
                                   soft_cap=20.0, k_scale=ks, v_scale=vs, num_seqs=num_seqs,
                                   kv_cache_dtype=fmt)
@@ -147,7 +211,24 @@ def test_paged_attention_decode(family, gpu_device, rng, mk, cache):
     out = jax.jit(lambda q, k, v, sl, bt, qs, a, b, n: xj.paged_attention(
         q, k, v, sl, bt, qs, 0.1, sliding_window=200, soft_cap=20.0, k_scale=a, v_scale=b,
         num_seqs=n, kv_cache_dtype=fmt))(*args)
-    ref.assert_attention_close(out, exp, "bfloat16", valid_rows=int(qsl[4]))
+    ref.assert_attention_close(out, exp, qdtype, valid_rows=int(qsl[5]))
+
+
+@pytest.mark.parametrize("feature", ["plain", "window_softcap"])
+def test_paged_attention_decode_long_context(paged_family, gpu_device, rng, mk, feature):
+    """Contexts long enough for the decode kernel to split the keys (and merge the
+    partials), a GQA group of 4 over block size 16; a window that leaves splits empty."""
+    heads, heads_k, dim, block_size = 8, 2, 128, 16
+    seq_lens = np.array([20000, 7000], np.int32)
+    qsl = mk.cu_seqlens(np.array([1, 3], np.int32))
+    k, v, table = mk.paged_kv(rng, "bfloat16", seq_lens, block_size, heads_k=heads_k,
+                              head_dim=dim)
+    query = mk.random_array(rng, (4, heads, dim), "bfloat16")
+    kw = dict(sliding_window=3000, soft_cap=15.0) if feature == "window_softcap" else {}
+    exp = ref.paged_attention_ref(query, k, v, seq_lens, table, qsl, 0.08, **kw)
+    out = jax.jit(lambda q, k, v, sl, bt, qs: xj.paged_attention(q, k, v, sl, bt, qs, 0.08, **kw))(
+        *_on(gpu_device, query, k, v, seq_lens, table, qsl))
+    ref.assert_attention_close(out, exp, "bfloat16")
 
 
 def test_split_kv_long_context(family, gpu_device, rng, mk):

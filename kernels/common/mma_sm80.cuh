@@ -1,0 +1,99 @@
+// Tensor-core and async-copy building blocks of sm_80+ (Ampere, Ada, Hopper through
+// the legacy warp-level path), as inline PTX so the kernels read like the algorithm.
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point
+// type" and "ldmatrix"), with g = lane / 4 (groupID) and t = lane % 4:
+//
+//   A (16 x 16, row-major, .f16/.bf16), 4 registers of 2 elements (low half first):
+//     a[0] = A[g    ][2t, 2t+1]      a[1] = A[g + 8][2t, 2t+1]
+//     a[2] = A[g    ][2t+8, 2t+9]    a[3] = A[g + 8][2t+8, 2t+9]
+//   B (16 x 8, "col": element (k, n) with k contiguous), 2 registers:
+//     b[0] = B[2t, 2t+1][g]          b[1] = B[2t+8, 2t+9][g]
+//   C/D (16 x 8, f32), 4 registers:
+//     c[0], c[1] = C[g][2t, 2t+1]    c[2], c[3] = C[g + 8][2t, 2t+1]
+//
+//   ldmatrix .m8n8 .x4 .b16: lanes 8i..8i+7 give the addresses of the 8 rows (16 bytes
+//   each) of matrix i; register i of lane l receives row l / 4, elements 2(l % 4) and
+//   2(l % 4) + 1 of matrix i. With .trans it receives instead column l / 4, rows
+//   2(l % 4) and 2(l % 4) + 1 (the matrix transposed).
+//
+// The flash kernels give lane l of ldsm_x4 / ldsm_x4_trans the address of row (l & 15),
+// column block (l >> 4) of a 16 x 16 tile, so the four matrices are, in register order:
+//   r[0] = rows 0-7, cols 0-7    r[1] = rows 8-15, cols 0-7
+//   r[2] = rows 0-7, cols 8-15   r[3] = rows 8-15, cols 8-15
+// which is exactly an A fragment, two B fragments of a K-major tile ({r0, r2} for rows
+// 0-7, {r1, r3} for rows 8-15; non-transposed), or, transposed, two B fragments of an
+// N-major tile ({r0, r1} for cols 0-7, {r2, r3} for cols 8-15).
+#pragma once
+#include "common/vec.cuh"
+
+namespace xla_attn::sm80 {
+
+// Shared-window address of a generic pointer into shared memory.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  uint32_t a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// 16-byte global -> shared copy that bypasses L1 (.cg: K/V tiles are read once per
+// block, L2 keeps them for the other row blocks of the head).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// `addr`: this lane's row address in the shared window (see smem_addr).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += A B for one m16n8k16 step, f32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (kSameType<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    static_assert(kSameType<T, __half>, "mma_16816 takes __half or __nv_bfloat16");
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats rounded to T and packed as one b32 register, `lo` in the low half (the
+// lower column of a fragment pair, and the lower address in memory).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kSameType<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+}  // namespace xla_attn::sm80

@@ -1,0 +1,429 @@
+// Flash attention forward, sm80 family (sm_80 .. sm_90; f16 and bf16): FlashAttention-2's
+// algorithm on tensor cores (mma.sync m16n8k16, f32 accumulators).
+//
+// One block = 4 warps = block_m query rows (64 or 128: one or two m16 tiles per warp)
+// of one head of one sequence. Q sits in shared memory for the whole block; K/V tiles
+// of block_n keys stream through two shared-memory stages with cp.async, tile j + 1
+// in flight while tile j is computed. Per tile each warp computes S = Q K^T for its
+// rows (ldmatrix + mma), applies softcap / ALiBi / the mask, updates the online
+// softmax in registers (base 2, the scale folded into log2 e), rounds P to 16 bits in
+// registers and feeds it straight back as the A operand of O += P V (the C fragment of
+// one mma is the A fragment of the next; see common/mma_sm80.cuh). O is normalised,
+// staged through Q's shared memory and written with 16-byte stores.
+//
+// The contract is the portable kernel's (fwd_portable.cuh): varlen, seqused_k, paged
+// K/V through an untrusted block table, GQA, causal / sliding window (bottom-right),
+// softcap, ALiBi, batch_used, decode_max_q, lse (+inf for rows that see no key), and
+// split-KV partials in the portable workspace layout, merged by flash_combine_portable.
+#pragma once
+#include "common/mma_sm80.cuh"
+#include "flash/fwd_portable.cuh"
+#include "flash/sm80_tiles.h"
+
+namespace xla_attn {
+namespace sm80 {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Element offset of 16-byte chunk c of row r in a row-major tile of D 16-bit elements,
+// with the chunks of each row permuted (swizzled) so that ldmatrix, which reads the
+// same logical chunk of 8 consecutive rows in one phase, hits 8 distinct 16-byte bank
+// groups instead of one (an 8-way conflict at D = 64, 128, 256):
+// - D / 8 a multiple of 8 (D = 64, 128, 256): rows are a multiple of 128 bytes apart,
+//   so chunk c of row r goes to c ^ (r % 8).
+// - D / 8 = 4 or 12 (D = 32, 96): rows are 64 (mod 128) bytes apart, so odd and even
+//   rows already sit in opposite halves of the 128-byte bank window; chunk c goes to
+//   c ^ ((r / 2) % 4), spreading the 4 rows of each parity over the 4 groups of their
+//   half. Only the low 2 bits change, so the chunk stays inside the row (c < 12).
+// cp.async writes and the epilogue reads go through the same map.
+template <int D>
+__device__ __forceinline__ int swz_term(int r) {
+  static_assert((D / 8) % 8 == 0 || (D / 8) % 8 == 4, "head-dim bucket without a swizzle");
+  return (D / 8) % 8 == 0 ? (r & 7) : ((r >> 1) & 3);
+}
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * D + 8 * (c ^ swz_term<D>(r));
+}
+
+// ldmatrix addressing (common/mma_sm80.cuh): lane l reads row r0 + (l & 15), logical
+// chunk 2 kk + (l >> 4) of a swizzled tile. r0 is a multiple of 16, so the swizzle term
+// is swz_term(l & 15); and since bit 0 of 2 kk is clear, (2 kk + (l >> 4)) ^ x =
+// 2 kk ^ ((l >> 4) ^ x): the lane's part is computed once, a k-step XORs a constant.
+template <int D>
+struct LdsmLane {
+  uint32_t row, chunk;  // byte offsets of the lane's row and (k-step 0) chunk
+  __device__ __forceinline__ explicit LdsmLane(int lane)
+      : row(uint32_t(lane & 15) * 2 * D),
+        chunk(16u * uint32_t((lane >> 4) ^ swz_term<D>(lane & 15))) {}
+  // Shared-window address in the tile at `base` (bytes), block row r0, k-step kk.
+  __device__ __forceinline__ uint32_t operator()(uint32_t base, int r0, int kk) const {
+    return base + uint32_t(r0 * 2 * D) + row + (chunk ^ uint32_t(32 * kk));
+  }
+};
+
+// One 16-byte chunk (elements d0 .. d0 + 7 of a row) by element loads, zeros past hd.
+__device__ __forceinline__ uint4 load_chunk_scalar(const void* row, int d0, int hd) {
+  const unsigned short* src = static_cast<const unsigned short*>(row);
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (d0 + e < hd) w[e / 2] |= uint32_t(src[d0 + e]) << (16 * (e & 1));
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Fills a swizzled kRows x D tile: row r from src(it, r) (null: a row of zeros), where
+// `it` numbers this thread's chunks, columns >= hd zero. Consecutive threads take
+// consecutive chunks of a row, so each warp-wide copy reads whole rows. kVec: 16-byte
+// cp.async (hd % 8 == 0 and 16-byte aligned tensors); otherwise element loads (head
+// dims that are not a multiple of 8, unaligned tensors) in a rolled loop, so src must
+// not need a constant `it` there: unrolled, that rare path added 40% to the code.
+template <int D, int kRows, bool kVec, typename T, typename Src>
+__device__ __forceinline__ void load_tile(T* tile, const Src& src, int hd) {
+  constexpr int kChunks = D / 8, kIters = kRows * kChunks / kThreads;
+  static_assert(kRows * kChunks % kThreads == 0, "tile chunks must spread evenly over the block");
+#pragma unroll(kVec ? kIters : 1)
+  for (int it = 0; it < kIters; ++it) {
+    const int idx = threadIdx.x + it * kThreads, r = idx / kChunks, c = idx % kChunks;
+    const T* row = src(it, r);
+    T* dst = tile + swz<D>(r, c);
+    if (kVec && row && c * 8 < hd) {
+      cp_async_16(dst, row + c * 8);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = row && c * 8 < hd ? load_chunk_scalar(row, c * 8, hd)
+                                                          : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+// vec_src(it, r) may index per-thread arrays by `it`; scalar_src(it, r) must use r only.
+template <int D, int kRows, typename T, typename VecSrc, typename ScalarSrc>
+__device__ __forceinline__ void load_tile(T* tile, const VecSrc& vec_src,
+                                          const ScalarSrc& scalar_src, int hd, bool vec) {
+  if (vec) {
+    load_tile<D, kRows, true>(tile, vec_src, hd);
+  } else {
+    load_tile<D, kRows, false>(tile, scalar_src, hd);
+  }
+}
+
+}  // namespace sm80
+
+template <typename T, int D>
+__device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
+  using namespace sm80;
+  constexpr int kMT = m_tiles(D);          // m16 tiles per warp
+  constexpr int kBlockM = block_m(D);
+  constexpr int kBlockN = block_n(D);
+  constexpr int kNT = kBlockN / 8;         // n8 tiles of S per m-tile
+  constexpr int kDT = D / 8;               // n8 tiles of O per m-tile
+  constexpr int kChunks = D / 8;           // 16-byte chunks per row
+  constexpr int kWarpRows = kWarps * 16;   // rows between a warp's m-tiles
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);                   // [kBlockM x D], swizzled
+  T* sK = sQ + smem_q_elems(D);                         // [kStages][kBlockN x D]
+  T* sV = sK + kStages * smem_kv_elems(D);              // [kStages][kBlockN x D]
+  // [kStages][kBlockN]: 1 where the key has a K/V row
+  uint8_t* sValid = reinterpret_cast<uint8_t*>(sV + kStages * smem_kv_elems(D));
+
+  const int splits = p.num_splits > 1 ? p.num_splits : 1;
+  const int m_block = blockIdx.x / splits, split = blockIdx.x % splits;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int n = real_batch(p.batch, p.batch_used);
+  if (b >= n) {
+    if (b == p.batch && blockIdx.x == 0) zero_padding_rows<T>(p, h, n);
+    return;
+  }
+  const bool paged = p.block_table != nullptr;
+  const Sequence s = sequence(b, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.total_q,
+                              p.total_k, paged, int64_t(p.max_blocks_per_seq) * p.block_size);
+  const int m0 = m_block * kBlockM;
+  if (m0 >= s.num_q || routed_to_decode(p.decode_max_q, s)) return;
+  const int hd = p.head_dim;
+  const int hk = h / (p.num_heads / p.num_heads_k);
+  const Window win{p.window_left, p.window_right};
+  const int m_last = min(m0 + kBlockM, s.num_q) - 1;
+  // Keys some row of the block can see; tiles outside [n_lo, n_hi) are never loaded.
+  int n_lo, n_hi;
+  win.key_range(m0, m_last, s.offset, s.num_k, &n_lo, &n_hi);
+  if (splits > 1) {  // this split's share of the tiles
+    const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
+    const int per = (tiles + splits - 1) / splits;
+    const int lo = n_lo + split * per * kBlockN;
+    n_hi = min(n_hi, lo + per * kBlockN);
+    n_lo = min(lo, n_hi);
+  }
+  const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
+  const KeyRows keys{p.block_table, p.max_blocks_per_seq, paged ? p.block_size : 1,
+                     paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};
+  const int64_t q_stride = int64_t(p.num_heads) * hd, kv_stride = int64_t(p.num_heads_k) * hd;
+  const T* q = static_cast<const T*>(p.q) + int64_t(h) * hd;    // + row * q_stride
+  const T* k = static_cast<const T*>(p.k) + int64_t(hk) * hd;   // + row * kv_stride
+  const T* v = static_cast<const T*>(p.v) + int64_t(hk) * hd;
+  const bool vec = hd % 8 == 0 && aligned_to<T>(p.q, 16) && aligned_to<T>(p.k, 16) &&
+                   aligned_to<T>(p.v, 16);
+  // Scores in base 2: x = dot * scale * log2 e, or with softcap
+  // x = softcap * log2 e * tanh(dot * scale / softcap); ALiBi subtracts slope * log2 e * |pos - j|.
+  const bool softcap = p.softcap > 0.f;
+  const float mul = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+  const float cap = p.softcap * kLog2e;
+  const float slope =
+      (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] : 0.f) * kLog2e;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const LdsmLane<D> lds(lane);
+  const uint32_t sQ_addr = smem_addr(sQ), sK_addr = smem_addr(sK), sV_addr = smem_addr(sV);
+  float o[kMT][kDT][4] = {};  // O rows g (elements 0, 1) and g + 8 (2, 3) of each m-tile
+  float m[kMT][2], l[kMT][2];  // running max (base 2) and this lane's partial row sum
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    m[mt][0] = m[mt][1] = -XLA_ATTN_INF;
+    l[mt][0] = l[mt][1] = 0.f;
+  }
+
+  // Issues tile j's K and V copies into `stage` as two cp.async groups (K first, so
+  // S = Q K^T can start before V lands) and records which keys exist. Returns whether
+  // a key inside [n_lo, n_hi) has no page (the tile then takes the masked path).
+  auto issue_kv = [&](int j, int stage) {
+    constexpr int kIters = kBlockN * kChunks / kThreads;
+    const int n0 = n_lo + j * kBlockN;
+    int64_t rows[kIters];
+    bool absent = false;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int idx = threadIdx.x + it * kThreads, r = idx / kChunks, key = n0 + r;
+      rows[it] = key < n_hi ? keys.row(b, s.k_start, key) : -1;
+      absent |= key < n_hi && rows[it] < 0;
+      if (idx % kChunks == 0) sValid[stage * kBlockN + r] = rows[it] >= 0;
+    }
+    // The element-wise path looks rows up again (it cannot index rows[] by a variable).
+    auto key_row = [&](int r) {
+      return n0 + r < n_hi ? keys.row(b, s.k_start, n0 + r) : int64_t(-1);
+    };
+    load_tile<D, kBlockN>(
+        sK + stage * smem_kv_elems(D),
+        [&](int it, int) { return rows[it] >= 0 ? k + rows[it] * kv_stride : nullptr; },
+        [&](int, int r) {
+          const int64_t row = key_row(r);
+          return row >= 0 ? k + row * kv_stride : nullptr;
+        },
+        hd, vec);
+    cp_async_commit();
+    load_tile<D, kBlockN>(
+        sV + stage * smem_kv_elems(D),
+        [&](int it, int) { return rows[it] >= 0 ? v + rows[it] * kv_stride : nullptr; },
+        [&](int, int r) {
+          const int64_t row = key_row(r);
+          return row >= 0 ? v + row * kv_stride : nullptr;
+        },
+        hd, vec);
+    cp_async_commit();
+    return absent;
+  };
+
+  if (tiles > 0) {
+    auto q_row = [&](int, int r) {
+      return m0 + r < s.num_q ? q + (s.q_start + m0 + r) * q_stride : nullptr;
+    };
+    load_tile<D, kBlockM>(sQ, q_row, q_row, hd, vec);
+    cp_async_commit();
+    bool absent = issue_kv(0, 0);
+    for (int j = 0; j < tiles; ++j) {
+      const int n0 = n_lo + j * kBlockN, stage = j % kStages;
+      // In flight: (Q,) K_j, V_j. Wait for K_j; the barrier publishes every thread's
+      // copies and guarantees tile j - 1 is fully consumed, so its stage can be refilled.
+      cp_async_wait<1>();
+      const bool tile_absent = __syncthreads_or(absent);
+      if (j + 1 < tiles) {
+        absent = issue_kv(j + 1, (j + 1) % kStages);
+      } else {  // empty groups keep the wait counts below uniform
+        cp_async_commit();
+        cp_async_commit();
+      }
+      // Element-wise masking only where some key of the tile is hidden from some row:
+      // past the range end, absent pages, or a causal / window edge crossing the tile.
+      const bool mask =
+          tile_absent || n0 + kBlockN > n_hi ||
+          (win.right >= 0 && int64_t(n0) + kBlockN - 1 > int64_t(m0) + s.offset + win.right) ||
+          (win.left >= 0 && int64_t(n0) < int64_t(m_last) + s.offset - win.left);
+
+      // S = Q K^T: per k16 step one ldmatrix.x4 of Q per m-tile, one of K per 16 keys.
+      const uint32_t tK = sK_addr + stage * 2 * smem_kv_elems(D);
+      float sc[kMT][kNT][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+          ldsm_x4(a[mt], lds(sQ_addr, mt * kWarpRows + warp * 16, kk));
+#pragma unroll
+        for (int nn = 0; nn < kBlockN / 16; ++nn) {
+          uint32_t bk[4];  // keys nn*16 + 0..7: {bk0, bk2}; keys nn*16 + 8..15: {bk1, bk3}
+          ldsm_x4(bk, lds(tK, nn * 16, kk));
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma_16816<T>(sc[mt][2 * nn], a[mt], bk[0], bk[2]);
+            mma_16816<T>(sc[mt][2 * nn + 1], a[mt], bk[1], bk[3]);
+          }
+        }
+      }
+
+      // Online softmax. Lane (g, t) holds, per m-tile and half hf, row g + 8 hf at keys
+      // nt * 8 + 2t + {0, 1}; the 4 lanes of a quad share a row (shuffles over t).
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int64_t pos = int64_t(m0) + mt * kWarpRows + warp * 16 + g + 8 * hf + s.offset;
+          // Visible keys of this row in the tile: [lo, hi) relative to n0.
+          int lo = 0, hi = kBlockN;
+          if (mask) {
+            hi = min(n_hi - n0, kBlockN);
+            if (win.right >= 0) hi = int(clamp64(pos + win.right + 1 - n0, 0, hi));
+            if (win.left >= 0) lo = int(clamp64(pos - win.left - n0, 0, kBlockN));
+          }
+          const float rel = float(pos - n0 - 2 * t);  // pos - key at nt = e = 0
+          float mx = -XLA_ATTN_INF;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = sc[mt][nt][2 * hf + e];
+              const int jl = nt * 8 + 2 * t + e;
+              x = softcap ? cap * tanhf(x * mul) : x * mul;
+              if (slope != 0.f) x -= slope * fabsf(rel - float(nt * 8 + e));
+              if (mask && (jl < lo || jl >= hi || (tile_absent && !sValid[stage * kBlockN + jl])))
+                x = -XLA_ATTN_INF;
+              mx = fmaxf(mx, x);
+            }
+          }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m[mt][hf], mx);
+          // A row with no visible key so far keeps m = -inf; exponents then use 0 so
+          // that every term is exp2(-inf) = 0 instead of NaN.
+          const float m_use = m_new == -XLA_ATTN_INF ? 0.f : m_new;
+          const float corr = exp2f(m[mt][hf] - m_use);
+          m[mt][hf] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = sc[mt][nt][2 * hf + e];
+              x = exp2f(x - m_use);
+              sum += x;
+            }
+          }
+          l[mt][hf] = l[mt][hf] * corr + sum;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            o[mt][dt][2 * hf] *= corr;
+            o[mt][dt][2 * hf + 1] *= corr;
+          }
+        }
+      }
+
+      cp_async_wait<2>();  // V_j (K_{j+1} and V_{j+1} may still be in flight)
+      __syncthreads();
+
+      // O += P V: the S accumulators of n8 tiles 2kk and 2kk + 1, rounded to T, are the
+      // A fragment of keys kk*16 .. kk*16 + 15 (c0,c1 -> a0 / a2; c2,c3 -> a1 / a3).
+      const uint32_t tV = sV_addr + stage * 2 * smem_kv_elems(D);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          a[mt][0] = pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+          a[mt][1] = pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+          a[mt][2] = pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+          a[mt][3] = pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dd = 0; dd < D / 16; ++dd) {
+          uint32_t bv[4];  // dims dd*16 + 0..7: {bv0, bv1}; dims dd*16 + 8..15: {bv2, bv3}
+          ldsm_x4_trans(bv, lds(tV, kk * 16, dd));
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma_16816<T>(o[mt][2 * dd], a[mt], bv[0], bv[1]);
+            mma_16816<T>(o[mt][2 * dd + 1], a[mt], bv[2], bv[3]);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+  }
+
+  // Epilogue: normalise; split-KV partials go to the workspace in f32 (the portable
+  // layout), a single split stages O in this warp's own rows of sQ (no other warp
+  // reads them) for 16-byte stores.
+  float* ws_out = static_cast<float*>(p.workspace);
+  float* ws_lse = ws_out + int64_t(splits) * p.total_q * q_stride;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = l[mt][hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int r = mt * kWarpRows + warp * 16 + g + 8 * hf, i = m0 + r;
+      const int64_t row = s.q_start + i;
+      if (splits > 1) {
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int d = dt * 8 + 2 * t + e;
+            if (i < s.num_q && d < hd) {
+              ws_out[(split * p.total_q + row) * q_stride + h * hd + d] =
+                  o[mt][dt][2 * hf + e] * inv;
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          *reinterpret_cast<uint32_t*>(sQ + swz<D>(r, dt) + 2 * t) =
+              pack2<T>(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+        }
+      }
+      if (t == 0 && i < s.num_q) {
+        const float lse = sum > 0.f ? m[mt][hf] * kLn2 + logf(sum)
+                                    : (splits > 1 ? -XLA_ATTN_INF : XLA_ATTN_INF);
+        if (splits > 1) {
+          ws_lse[(int64_t(split) * p.num_heads + h) * p.total_q + row] = lse;
+        } else if (p.softmax_lse) {
+          p.softmax_lse[int64_t(h) * p.total_q + row] = lse;
+        }
+      }
+    }
+  }
+  if (splits > 1) return;
+  __syncwarp();
+  T* out = static_cast<T*>(p.out) + int64_t(h) * hd;
+  const bool vec_out = hd % 8 == 0 && aligned_to<T>(p.out, 16);
+#pragma unroll
+  for (int idx = lane; idx < kMT * 16 * kChunks; idx += 32) {
+    const int lr = idx / kChunks, c = idx % kChunks;
+    const int r = (lr / 16) * kWarpRows + warp * 16 + lr % 16, i = m0 + r;
+    if (i >= s.num_q || c * 8 >= hd) continue;
+    T* dst = out + (s.q_start + i) * q_stride + c * 8;
+    const uint4 x = *reinterpret_cast<const uint4*>(sQ + swz<D>(r, c));
+    if (vec_out) {
+      *reinterpret_cast<uint4*>(dst) = x;
+    } else {
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+      unsigned short* d16 = reinterpret_cast<unsigned short*>(dst);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (c * 8 + e < hd) d16[e] = (unsigned short)(w[e / 2] >> (16 * (e & 1)));
+      }
+    }
+  }
+}
+
+}  // namespace xla_attn

@@ -1,0 +1,66 @@
+// Tile shapes of the sm80 flash family (tensor cores, sm_80 .. sm_90), read by the
+// kernel (NVRTC) and by the host launch code (kernels/flash/launch.cc), so the grid,
+// the dynamic shared memory and the kernel's loops cannot disagree.
+#pragma once
+#include "common/types.h"
+
+namespace xla_attn::sm80 {
+
+// Head dims are padded with zeros up to a bucket D, one instantiation per bucket; the
+// variant table (SM80_HEAD_BUCKETS in kernels/dispatch/variants.py) lists the same
+// buckets, and the launcher refuses to run if the two disagree. 96 is a bucket of its
+// own because head_dim 96 (or 80) padded to 128 would waste 25% (38%) of the mma
+// work; every bucket is a multiple of 16 (one mma k-step).
+XLA_ATTN_HOST_DEVICE constexpr int head_bucket(int head_dim) {
+  return head_dim <= 32    ? 32
+         : head_dim <= 64  ? 64
+         : head_dim <= 96  ? 96
+         : head_dim <= 128 ? 128
+                           : 256;
+}
+
+constexpr int kWarps = 4;  // 128 threads: each warp owns 16 query rows per m-tile
+constexpr int kThreads = kWarps * 32;
+
+// m16 tiles per warp. Two (128 query rows per block) halve the K/V traffic per query
+// row; they fit up to D = 64 (O 2x8x4 + S 2x8x4 = 128 f32 accumulators; ptxas: 255
+// registers, no spill). From D = 96 on, one m-tile (64 rows): two spill there (ptxas
+// sm_80: 84 / 44 bytes of spill stores at D = 96 / 128), one takes 168 / 210 registers.
+XLA_ATTN_HOST_DEVICE constexpr int m_tiles(int d) { return d <= 64 ? 2 : 1; }
+XLA_ATTN_HOST_DEVICE constexpr int block_m(int d) { return kWarps * 16 * m_tiles(d); }
+
+// Keys per K/V tile. 64 keys give each warp 64 mma for S and 64 for P V per tile (at
+// D = 128) between two block barriers; D = 256 drops to 32 so that two stages of K
+// and V fit the 99 KB that sm_86/89 allow one block (below).
+XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 64 : 32; }
+
+// K/V tiles in flight: tile j + 1 is copied (cp.async) while tile j is computed.
+constexpr int kStages = 2;
+
+// Dynamic shared memory: Q (block_m x D) + kStages x (K + V) (block_n x D), 16-bit
+// elements, then one validity byte per key and stage. D = 128: 16 + 64 KB; D = 256:
+// 32 + 64 KB. More than 48 KB needs the opt-in (dispatch::launch does it).
+XLA_ATTN_HOST_DEVICE constexpr int smem_q_elems(int d) { return block_m(d) * d; }
+XLA_ATTN_HOST_DEVICE constexpr int smem_kv_elems(int d) { return block_n(d) * d; }
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d) {
+  return 2 * (smem_q_elems(d) + 2 * kStages * smem_kv_elems(d)) + kStages * block_n(d);
+}
+
+// sm_86 and sm_89 let one block opt in to 99 KB (sm_80: 163 KB, sm_90: 227 KB); the
+// same compute_80 PTX serves sm_80 and sm_86, so every bucket must fit the smallest.
+constexpr int kMaxSmemOptin = 99 * 1024;
+static_assert(smem_bytes(32) <= kMaxSmemOptin && smem_bytes(64) <= kMaxSmemOptin &&
+                  smem_bytes(96) <= kMaxSmemOptin && smem_bytes(128) <= kMaxSmemOptin &&
+                  smem_bytes(256) <= kMaxSmemOptin,
+              "an sm80 tile set exceeds the 99 KB of shared memory sm_86/89 allow a block");
+
+// Split-KV (flash-decoding), as in portable_tiles.h but for this family's occupancy:
+// at 24..96 KB of shared memory (and <= 255 registers) at least two blocks fit an SM
+// of an A100 (164 KB) or H100 (228 KB), so 2 x 132 blocks fill an H100. A constant,
+// not read off the device, so the workspace size is a function of shapes alone. At
+// least 256 keys (4 tiles of 64) per split, at most 64 splits.
+constexpr int kMaxSplits = 64;
+constexpr int kMinKeysPerSplit = 256;
+constexpr int kTargetBlocks = 2 * 132;
+
+}  // namespace xla_attn::sm80

@@ -1,0 +1,274 @@
+// paged_attention's decode kernel (sm_70+): memory-bound attention of a few query
+// tokens per sequence over a block-table KV cache.
+// One block = one (split of the keys, kv head, sequence). It holds every query row of
+// the kv head's GQA group (heads x query tokens, in chunks of kRows) in registers, so
+// each K/V byte is read once for the whole group. A key row is read by kLanes lanes
+// with 16-byte (fp8: 8-byte) loads, kUnroll keys per lane group in flight; each lane keeps the
+// partial dot products of its 16 bytes, reduced across the key's lanes with shuffles.
+// Warps stream disjoint keys with their own online softmax and merge through shared
+// memory at the end; splits write partials that paged_decode_combine merges.
+#pragma once
+#include "common/vec.cuh"
+#include "flash/sequence.cuh"
+#include "paged/decode_tiles.h"
+
+namespace xla_attn {
+namespace decode {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// One lane's elements of a key row through the read-only path, as one 16- or 8-byte
+// load; zeros where the key has no row (present false: src is not read).
+template <typename Chunk, typename KV>
+__device__ __forceinline__ Chunk load_chunk(const KV* src, bool present) {
+  Chunk c;
+  if constexpr (sizeof(Chunk) == 16) {
+    *reinterpret_cast<uint4*>(&c) =
+        present ? __ldg(reinterpret_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
+  } else {
+    static_assert(sizeof(Chunk) == 8, "decode lanes load 8 or 16 bytes");
+    *reinterpret_cast<uint2*>(&c) =
+        present ? __ldg(reinterpret_cast<const uint2*>(src)) : make_uint2(0u, 0u);
+  }
+  return c;
+}
+
+template <typename KV>
+__device__ __forceinline__ float cache_scale(const float* s) {
+  return (kSameType<KV, __nv_fp8_e4m3> || kSameType<KV, __nv_fp8_e5m2>) && s ? *s : 1.f;
+}
+
+// Query rows past the last real sequence are padding: zeros. Block (split 0, kv head
+// hk) of the padding sequence index clears the heads of hk's group.
+template <typename Q>
+__device__ void zero_padding_rows(const xla_attn_paged_attention_params& p, int hk, int n) {
+  const int64_t first = clamp64(p.query_start_loc[n], 0, p.total_q);
+  const int group = p.num_heads / p.num_heads_k;
+  const int64_t per_row = int64_t(group) * p.head_dim;
+  Q* out = static_cast<Q*>(p.out);
+  for (int64_t idx = threadIdx.x; idx < (p.total_q - first) * per_row; idx += blockDim.x) {
+    const int64_t row = first + idx / per_row;
+    out[row * p.num_heads * p.head_dim + int64_t(hk) * per_row + idx % per_row] = from_float<Q>(0.f);
+  }
+}
+
+}  // namespace decode
+
+template <typename Q, typename KV, int D, int kRows>
+__device__ void paged_decode(const decode::Args& a) {
+  using namespace decode;
+  constexpr int kElems = elems_per_lane();        // cache elements per lane and key
+  constexpr int kLanes = lanes_per_key(D);
+  constexpr int kKeysPerWarp = 32 / kLanes;       // keys one warp-wide load covers
+  constexpr int kKeysPerStep = kKeysPerWarp * kUnroll;
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0,
+                "a key row must be 8..256 lanes' elements, a power of two");
+  static_assert(sizeof(KV) <= 2, "16-bit or fp8 caches (float32 takes the flash forward)");
+  using Chunk = Vec<KV, kElems>;  // 16 or 8 bytes
+  __shared__ float s_m[kWarps][kRows], s_l[kWarps][kRows];
+  __shared__ float s_acc[kWarps][kRows][D];
+
+  const xla_attn_paged_attention_params& p = a.p;
+  const int split = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int n = real_batch(p.max_num_seqs, p.num_seqs);
+  if (b >= n) {
+    if (b == p.max_num_seqs && split == 0) zero_padding_rows<Q>(p, hk, n);
+    return;
+  }
+  const int64_t max_k = int64_t(p.max_blocks_per_seq) * p.block_size;
+  const Sequence s = sequence(b, p.query_start_loc, nullptr, p.seq_lens, p.total_q,
+                              int64_t(p.num_blocks) * p.block_size, true, max_k);
+  if (s.num_q == 0 || s.num_q > a.max_q) return;
+  const int group = p.num_heads / p.num_heads_k;
+  const int total_rows = s.num_q * group;  // row r: query token r / group, head r % group
+  const Window win{p.sliding_window > 0 ? p.sliding_window - 1 : -1, 0};
+  int lo, hi;
+  win.key_range(0, s.num_q - 1, s.offset, s.num_k, &lo, &hi);
+  // This split's share, rounded to whole warp steps.
+  const int per = ((hi - lo + a.num_splits - 1) / a.num_splits + kKeysPerStep - 1) /
+                  kKeysPerStep * kKeysPerStep;
+  const int k_lo = min(hi, lo + split * per), k_hi = min(hi, k_lo + per);
+
+  const KeyRows keys{p.block_tables, p.max_blocks_per_seq, p.block_size, p.num_blocks};
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int part = lane % kLanes;  // this lane's 16 bytes of a key: dims part * kElems + e
+  const int64_t q_stride = int64_t(p.num_heads) * D;
+  const Q* query = static_cast<const Q*>(p.query);
+  const KV* k_cache = static_cast<const KV*>(p.key_cache);
+  const KV* v_cache = static_cast<const KV*>(p.value_cache);
+  const float ks = cache_scale<KV>(p.k_scale), vs = cache_scale<KV>(p.v_scale);
+  const bool split_out = a.num_splits > 1;
+  float* ws_out = static_cast<float*>(p.workspace);
+  float* ws_lse = ws_out + int64_t(a.num_splits) * p.total_q * q_stride;
+
+  for (int r0 = 0; r0 < total_rows; r0 += kRows) {
+    // Scores live in the log2 domain (exp2 is one instruction): q carries scale.
+    float q[kRows][kElems];
+    ScoreMod mod[kRows];
+    int64_t pos[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = min(r0 + r, total_rows - 1);  // spare rows repeat the last one
+      const int h = hk * group + row % group;
+      pos[r] = int64_t(row / group) + s.offset;
+      mod[r] = ScoreMod{p.scale * ks, p.soft_cap, p.alibi_slopes ? p.alibi_slopes[h] : 0.f};
+      const Q* qrow = query + (s.q_start + row / group) * q_stride + h * D + part * kElems;
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) q[r][e] = to_float(qrow[e]);
+    }
+    float m[kRows], l[kRows], acc[kRows][kElems];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      m[r] = -XLA_ATTN_INF;
+      l[r] = 0.f;
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) acc[r][e] = 0.f;
+    }
+
+    for (int base = k_lo + warp * kKeysPerStep; base < k_hi; base += kWarps * kKeysPerStep) {
+      Chunk kc[kUnroll], vc[kUnroll];
+      int key[kUnroll];
+      bool present[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {  // every load first, then the math
+        key[u] = base + u * kKeysPerWarp + lane / kLanes;
+        const int64_t row = key[u] < k_hi ? keys.row(b, 0, key[u]) : -1;
+        present[u] = row >= 0;
+        const int64_t off = (row * p.num_heads_k + hk) * D + part * kElems;
+        kc[u] = load_chunk<Chunk>(k_cache + off, present[u]);
+        vc[u] = load_chunk<Chunk>(v_cache + off, present[u]);
+      }
+      float kf[kUnroll][kElems];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) kf[u][e] = to_float(kc[u].v[e]);
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float score[kUnroll];
+        float top = -XLA_ATTN_INF;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          float dot = 0.f;
+#pragma unroll
+          for (int e = 0; e < kElems; ++e) dot += q[r][e] * kf[u][e];
+#pragma unroll
+          for (int off = 1; off < kLanes; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+          const bool vis = present[u] && win.visible(pos[r], key[u]);  // causal: right = 0
+          score[u] = vis ? mod[r](dot, pos[r], key[u]) * kLog2e : -XLA_ATTN_INF;
+          top = fmaxf(top, score[u]);
+        }
+#pragma unroll
+        for (int off = kLanes; off < 32; off <<= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
+        const float m_new = fmaxf(m[r], top);
+        if (m_new == -XLA_ATTN_INF) continue;  // warp-uniform: nothing visible yet
+        const float corr = exp2f(m[r] - m_new);  // m = -inf: 0
+        m[r] = m_new;
+        l[r] *= corr;
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) acc[r][e] *= corr;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const float prob = exp2f(score[u] - m_new);
+          l[r] += prob;
+#pragma unroll
+          for (int e = 0; e < kElems; ++e) acc[r][e] += prob * to_float(vc[u].v[e]);
+        }
+      }
+    }
+
+    // Lanes of different keys hold partial sums over disjoint keys with one max:
+    // add them up, then merge the warps through shared memory.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int off = kLanes; off < 32; off <<= 1) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], off);
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) acc[r][e] += __shfl_xor_sync(0xffffffffu, acc[r][e], off);
+      }
+      if (lane < kLanes) {
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) s_acc[warp][r][part * kElems + e] = acc[r][e];
+      }
+      if (lane == 0) {
+        s_m[warp][r] = m[r];
+        s_l[warp][r] = l[r];
+      }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) {
+      const int r = idx / D, d = idx % D, row = r0 + r;
+      if (row >= total_rows) break;
+      float top = -XLA_ATTN_INF;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) top = fmaxf(top, s_m[w][r]);
+      float sum = 0.f, o = 0.f;
+      if (top != -XLA_ATTN_INF) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float c = exp2f(s_m[w][r] - top);
+          sum += s_l[w][r] * c;
+          o += s_acc[w][r][d] * c;
+        }
+      }
+      o = sum > 0.f ? o * vs / sum : 0.f;
+      const int64_t q_row = s.q_start + row / group;
+      const int h = hk * group + row % group;
+      if (split_out) {
+        ws_out[(int64_t(split) * p.total_q + q_row) * q_stride + h * D + d] = o;
+        if (d == 0) {
+          ws_lse[(int64_t(split) * p.num_heads + h) * p.total_q + q_row] =
+              sum > 0.f ? top * kLn2 + logf(sum) : -XLA_ATTN_INF;
+        }
+      } else {
+        static_cast<Q*>(p.out)[q_row * q_stride + h * D + d] = from_float<Q>(o);
+      }
+    }
+    __syncthreads();  // shared memory is reused by the next chunk
+  }
+}
+
+// Merges the splits of paged_decode: out = sum_s exp(lse_s - lse) out_s. One block per
+// (kv head, sequence), one warp per query row of the group.
+template <typename Q, int D>
+__device__ void paged_decode_combine(const decode::Args& a) {
+  const xla_attn_paged_attention_params& p = a.p;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  if (b >= real_batch(p.max_num_seqs, p.num_seqs)) return;
+  const Sequence s = sequence(b, p.query_start_loc, nullptr, p.seq_lens, p.total_q,
+                              int64_t(p.num_blocks) * p.block_size, true,
+                              int64_t(p.max_blocks_per_seq) * p.block_size);
+  if (s.num_q == 0 || s.num_q > a.max_q) return;
+  const int group = p.num_heads / p.num_heads_k;
+  const int64_t q_stride = int64_t(p.num_heads) * D;
+  const float* ws_out = static_cast<const float*>(p.workspace);
+  const float* ws_lse = ws_out + int64_t(a.num_splits) * p.total_q * q_stride;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int row = warp; row < s.num_q * group; row += decode::kWarps) {
+    const int64_t q_row = s.q_start + row / group;
+    const int h = hk * group + row % group;
+    const float* lse = ws_lse + int64_t(h) * p.total_q + q_row;
+    const int64_t lse_stride = int64_t(p.num_heads) * p.total_q;
+    float top = -XLA_ATTN_INF;
+    for (int sp = 0; sp < a.num_splits; ++sp) top = fmaxf(top, lse[sp * lse_stride]);
+    float total = 0.f;
+    if (top != -XLA_ATTN_INF) {
+      for (int sp = 0; sp < a.num_splits; ++sp) total += expf(lse[sp * lse_stride] - top);
+    }
+    for (int d = lane; d < D; d += 32) {
+      float o = 0.f;
+      if (top != -XLA_ATTN_INF) {
+        for (int sp = 0; sp < a.num_splits; ++sp) {
+          o += expf(lse[sp * lse_stride] - top) / total *
+               ws_out[(int64_t(sp) * p.total_q + q_row) * q_stride + h * D + d];
+        }
+      }
+      static_cast<Q*>(p.out)[q_row * q_stride + h * D + d] = from_float<Q>(o);
+    }
+  }
+}
+
+}  // namespace xla_attn

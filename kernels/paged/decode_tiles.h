@@ -1,0 +1,55 @@
+// Shapes and the launch plan of paged_attention's decode kernel, read by the kernel
+// (NVRTC) and by the host launcher, so the grid and the kernel's loops cannot disagree.
+#pragma once
+#include "paged/params.h"
+
+namespace xla_attn::decode {
+
+// What the decode kernel receives: the op's params plus the launcher's plan.
+struct Args {
+  xla_attn_paged_attention_params p;
+  int32_t num_splits;  // key-range parts per (sequence, kv head); > 1: partials + combine
+  int32_t max_q;       // sequences with at most this many queries are the decode kernel's;
+                       // longer ones go to the flash forward (which skips these)
+};
+
+constexpr int kWarps = 4;   // 128 threads: each warp streams its own keys, merged at the end
+constexpr int kUnroll = 4;  // K and V loads in flight per lane per step (8 x 16 B for a
+                            // 16-bit cache, 8 x 8 B for fp8): with ~16 resident warps per SM
+                            // that is 32-64 KB in flight, 2-4x what Little's law asks for at
+                            // 3 TB/s and ~1 us latency on 132 SMs
+
+// Cache elements one lane reads per key: 8 (16 bytes of a 16-bit cache, 8 of fp8).
+// Eight, not 16 bytes, for fp8: 16 fp8 elements per lane doubled the lane's query and
+// accumulator registers (2 x rows x 16 floats), which spilled at 8 rows (ptxas sm_80:
+// 1.1 KB of spill stores) and took ptxas minutes per kernel.
+XLA_ATTN_HOST_DEVICE constexpr int elems_per_lane() { return 8; }
+
+// A key row (head_dim elements) is read by kLanes lanes; head dims 64..256 give 8..32.
+XLA_ATTN_HOST_DEVICE constexpr int lanes_per_key(int head_dim) {
+  return head_dim / elems_per_lane();
+}
+
+// Query rows one block holds in registers: the query heads of a GQA group (4 for the
+// common 32/8 layout) times the query tokens. 4 or 8: registers for q and the
+// accumulator are 2 x rows x 8 floats per lane (bf16, hdim 128), so 8 rows keep ~190
+// registers and 3 blocks per SM; more would spill.
+XLA_ATTN_HOST_DEVICE constexpr int rows_per_block(int group) { return group <= 4 ? 4 : 8; }
+
+// Longest query span the decode kernel takes: a block loops over its rows in chunks
+// of rows_per_block, re-reading K/V for each, so spans are capped at 4 chunks (16
+// rows); longer ones (chunked prefill) go to the flash forward with the block table.
+XLA_ATTN_HOST_DEVICE constexpr int max_query_span(int group) {
+  return group >= 16 ? 1 : 16 / group;
+}
+
+// Split-KV (flash-decoding): enough (sequence, kv head, split) blocks for 8 per SM on
+// an H100's 132 SMs (3 resident blocks of 128 threads per SM plus the tail), each
+// split at least 256 keys so the per-split partials (head_dim + 1 floats per row)
+// stay < 1/64 of the K/V bytes read. A constant, not the device's SM count, so the
+// workspace is a function of shapes alone.
+constexpr int kTargetBlocks = 8 * 132;
+constexpr int kMinKeysPerSplit = 256;
+constexpr int kMaxSplits = 128;
+
+}  // namespace xla_attn::decode
