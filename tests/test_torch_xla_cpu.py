@@ -22,8 +22,9 @@ import torch_xla.core.xla_model as xm  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import test_torch_cpu as cases  # noqa: E402
+import test_xla_legacy_cpu as legacy  # noqa: E402
 import xla_attn  # noqa: E402
-from xla_attn import _torch_xla_call, _xla_ffi_registry  # noqa: E402
+from xla_attn import _torch_xla_call, _xla_ffi_registry, _xla_legacy  # noqa: E402
 from xla_attn import torch as xt  # noqa: E402
 from xla_attn import torch_xla as xx  # noqa: E402
 from xla_attn.testing import reference as ref  # noqa: E402
@@ -155,6 +156,33 @@ def test_cache_write_without_donation_is_a_correct_copy():
     kc_ref, vc_ref = s["kc"].clone(), s["vc"].clone()
     xt.reshape_and_cache_flash(s["k"], s["v"], kc_ref, vc_ref, s["slots"])
     assert torch.equal(kc.cpu(), kc_ref) and torch.equal(old.cpu(), s["kc"])
+
+
+def test_cache_write_into_views_reaches_their_base():
+    """K and V caches that are halves of one stacked (num_blocks, 2, ...) tensor: the
+    write lands in the views and in the tensor they view, eagerly and compiled."""
+    import torch._dynamo
+
+    s = cases.small_inputs(seed=6)
+    both = torch.stack([s["kc"], s["vc"]], dim=1)
+    expected = both.clone()
+    xt.reshape_and_cache_flash(s["k"], s["v"], expected[:, 0], expected[:, 1], s["slots"])
+    assert not torch.equal(expected, both)
+    k, v, slots = s["k"].to(DEV), s["v"].to(DEV), s["slots"].to(DEV)
+    base = both.to(DEV)
+    key_cache, value_cache = base[:, 0], base[:, 1]
+    xla_attn.reshape_and_cache_flash(k, v, key_cache, value_cache, slots)
+    assert torch.equal(key_cache.cpu(), expected[:, 0])
+    assert torch.equal(value_cache.cpu(), expected[:, 1])
+    assert torch.equal(base.cpu(), expected)
+
+    def step(k, v, both, slots):
+        xla_attn.reshape_and_cache_flash(k, v, both[:, 0], both[:, 1], slots)
+
+    torch._dynamo.reset()
+    base = both.to(DEV)
+    torch.compile(step, backend="openxla", fullgraph=True)(k, v, base, slots)
+    assert torch.equal(base.cpu(), expected)
 
 
 def test_direct_op_call_mutates():
@@ -346,6 +374,159 @@ def test_legacy_emission_builds_an_untyped_call(monkeypatch):
     assert "api_version=API_VERSION_STATUS_RETURNING" in text
     assert 'custom_call_target="xla_attn_flash_fwd_v1_legacy_' in text
     assert 'backend_config="XATL\\001\\000\\001\\000' in text, text
+
+
+@pytest.fixture
+def legacy_calls(monkeypatch):
+    """Forces the legacy (torch_xla <= 2.8 CUDA) emission and records each call's
+    (op, descriptor). The lazy graph holding those calls is never executed here; the
+    descriptors are run on the Host through the C ABI instead (legacy_host)."""
+    calls = []
+    encode = _xla_legacy.encode
+
+    def recording_encode(op, present, **fields):
+        calls.append((op, encode(op, present, **fields)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(_torch_xla_call, "flavour", lambda: "legacy")
+    monkeypatch.setattr(_torch_xla_call, "_register_legacy", lambda name, op: None)
+    monkeypatch.setattr(_xla_legacy, "encode", recording_encode)
+    return calls
+
+
+def legacy_host(call, operands, results):
+    """Runs a recorded (op, descriptor) on the Host over numpy `operands` (None:
+    absent) and `results` [(shape, numpy dtype)], poisoned first (all bits set: NaNs);
+    returns the results."""
+    op, descriptor = call
+    fields = _xla_legacy.decode(op, descriptor)
+    outs = [np.full((*shape, np.dtype(dtype).itemsize), 0xFF, np.uint8).view(dtype)
+            .reshape(shape) for shape, dtype in results]
+    workspace = [np.zeros(max(fields.get("workspace_bytes", 0), 1), np.uint8)]
+    buffers = [None if x is None else np.ascontiguousarray(x) for x in operands]
+    assert legacy.legacy_run(descriptor, buffers + outs + workspace) == "", fields
+    return outs
+
+
+def assert_same_bits(got: np.ndarray, expected, what):
+    expected = cases.nn(expected)
+    assert got.dtype == expected.dtype and got.shape == expected.shape, what
+    assert got.tobytes() == expected.tobytes(), f"{what}: the legacy call's result differs"
+
+
+@pytest.mark.parametrize("case", list(cases.FLASH_CASES))
+def test_legacy_flash_descriptors_run_on_the_host(rng, mk, legacy_calls, case):
+    """The descriptors the frontend writes for the legacy route carry the right fields:
+    run on the Host they give the torch CPU frontend's very bits (forward and backward)."""
+    a, t, kw = cases.flash_case(rng, mk, DEV, "float32", case)
+    c = {name: cases.tt(x) for name, x in a.items()}
+    grad = case in cases.GRAD_CASES
+    for x in (t, c):
+        for name in "qkv":
+            x[name].requires_grad_(grad)
+    args = dict(max_seqlen_q=10, max_seqlen_k=10, softmax_scale=0.3, **kw)
+    out = xla_attn.flash_attn_varlen(**t, **args)
+    out_cpu, lse_cpu = xt.flash_attn_varlen(**c, return_softmax_lse=True, **args)
+    dout = mk.random_array(rng, a["q"].shape, "float32")
+    if grad:
+        out.backward(cases.tt(dout, DEV))
+        out_cpu.backward(cases.tt(dout))
+    assert [op for op, _ in legacy_calls] == ["flash_fwd"] + ["flash_bwd"] * grad
+    q, k, v, cu_q, cu_k = (a[n] for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"))
+    h_out, h_lse = legacy_host(
+        legacy_calls[0], [q, k, v, cu_q, cu_k, a["seqused_k"], None, a["alibi_slopes"], None,
+                          None, None],
+        [(q.shape, np.float32), ((q.shape[1], q.shape[0]), np.float32)])
+    assert_same_bits(h_out, out_cpu, "out")
+    assert_same_bits(h_lse, lse_cpu, "softmax_lse")
+    if grad:
+        grads = legacy_host(
+            legacy_calls[1], [dout, q, k, v, h_out, h_lse, cu_q, cu_k, a["seqused_k"],
+                              a["alibi_slopes"]],
+            [(x.shape, np.float32) for x in (q, k, v)])
+        for name, g in zip("qkv", grads):
+            assert_same_bits(g, c[name].grad, f"d{name}")
+
+
+def test_legacy_paged_flash_and_fp8_descriptors_run_on_the_host(rng, mk, legacy_calls):
+    lens_q, lens_k = [3, 5, 1], [7, 13, 4]
+    q = mk.random_array(rng, (sum(lens_q) + 2, 4, 32), "float32")
+    k, v, table = mk.paged_kv(rng, "float32", lens_k, block_size=4)
+    cu_q, cu_k = mk.cu_seqlens(lens_q), mk.cu_seqlens(lens_k)
+    arrays = (q, k, v, cu_q, cu_k)
+    xla_attn.flash_attn_varlen(*(cases.tt(x, DEV) for x in arrays), 5, 13, causal=True,
+                               block_table=cases.tt(table, DEV))
+    expected = xt.flash_attn_varlen(*map(cases.tt, arrays), 5, 13, causal=True,
+                                    block_table=cases.tt(table))
+    (out,) = legacy_host(legacy_calls[0], [*arrays, None, table] + [None] * 4,
+                         [(q.shape, np.float32), ((4, q.shape[0]), np.float32)])[:1]
+    assert_same_bits(out, expected, "paged out")
+
+    q8, k8, v8 = (mk.fp8_cache(rng, (12, 4, 32), "float8_e4m3fn") for _ in range(3))
+    cu = mk.cu_seqlens([5, 7])
+    scales = [mk.f32(s) for s in (0.5, 0.25, 2.0)]
+    arrays = (q8, k8, v8, cu, cu)
+    xla_attn.flash_attn_varlen(*(cases.tt(x, DEV) for x in arrays), 7, 7, causal=True,
+                               q_descale=cases.tt(scales[0], DEV),
+                               k_descale=cases.tt(scales[1], DEV),
+                               v_descale=cases.tt(scales[2], DEV))
+    expected = xt.flash_attn_varlen(*map(cases.tt, arrays), 7, 7, causal=True,
+                                    q_descale=cases.tt(scales[0]), k_descale=cases.tt(scales[1]),
+                                    v_descale=cases.tt(scales[2]))
+    (out,) = legacy_host(legacy_calls[1], [*arrays, None, None, None, *scales],
+                         [((12, 4, 32), mk.NP_DTYPES["bfloat16"]), ((4, 12), np.float32)])[:1]
+    assert_same_bits(out, expected, "fp8 out")
+
+
+@pytest.mark.parametrize("case,cache,fmt", [(case, None, "auto") for case in cases.PAGED_CASES]
+                         + [("padded_batch", "uint8", "fp8_e5m2")])
+def test_legacy_paged_attention_descriptors_run_on_the_host(rng, mk, legacy_calls, case, cache,
+                                                            fmt):
+    c = cases.PAGED_CASES[case]
+    lens, qlens = [9, 1, 17, 6], [3, 1, 2, 2]
+    query = mk.random_array(rng, (sum(qlens) + c.get("pad_q", 0), 4, 32), "bfloat16")
+    kc, vc, table = mk.paged_kv(rng, "bfloat16", lens, 4, heads_k=c.get("heads_k", 2))
+    scales = [None, None]
+    if cache:
+        kc, vc = (mk.fp8_cache(rng, kc.shape, "float8_e5m2").view(np.uint8) for _ in range(2))
+        scales = [mk.f32(0.5), mk.f32(1.5)]
+    qsl, seq_lens = mk.cu_seqlens(qlens), np.asarray(lens, np.int32)
+    num_seqs = np.asarray(c["num_seqs"], np.int32) if "num_seqs" in c else None
+    arrays = [query, kc, vc, seq_lens, table, qsl]
+    kw = dict(sliding_window=c.get("sliding_window"), soft_cap=c.get("soft_cap"),
+              kv_cache_dtype=fmt)
+    xla_attn.paged_attention(*(cases.tt(x, DEV) for x in arrays), 0.2, **kw,
+                             num_seqs=cases.tt(num_seqs, DEV), k_scale=cases.tt(scales[0], DEV),
+                             v_scale=cases.tt(scales[1], DEV))
+    expected = xt.paged_attention(*map(cases.tt, arrays), 0.2, **kw,
+                                  num_seqs=cases.tt(num_seqs), k_scale=cases.tt(scales[0]),
+                                  v_scale=cases.tt(scales[1]))
+    (out,) = legacy_host(legacy_calls[0], arrays + [num_seqs, *scales],
+                         [(query.shape, query.dtype)])
+    assert_same_bits(out, expected, "paged_attention out")
+
+
+@pytest.mark.parametrize("src,cache,fmt,slot_dtype",
+                         [("float32", "float32", "auto", "int64"),
+                          ("bfloat16", "uint8", "fp8", "int32")])
+def test_legacy_cache_write_descriptors_run_on_the_host(rng, mk, legacy_calls, src, cache, fmt,
+                                                        slot_dtype):
+    tokens, shape = 9, (5, 4, 2, 16)
+    key, value = (mk.random_array(rng, (tokens, 2, 16), src, scale=100.0) for _ in range(2))
+    slots = rng.permutation(20)[:tokens].astype(slot_dtype)
+    slots[[1, 5]] = -1
+    k_cache, v_cache = mk.random_bits(rng, shape, cache), mk.random_bits(rng, shape, cache)
+    scales = [mk.f32(0.25), mk.f32(2.0)] if cache == "uint8" else [None, None]
+    arrays = [key, value, k_cache, v_cache, slots]
+    xla_attn.reshape_and_cache_flash(*(cases.tt(x, DEV) for x in arrays), fmt,
+                                     *(cases.tt(s, DEV) for s in scales))
+    kc, vc = cases.tt(k_cache), cases.tt(v_cache)
+    xt.reshape_and_cache_flash(cases.tt(key), cases.tt(value), kc, vc, cases.tt(slots), fmt,
+                               *map(cases.tt, scales))
+    new_k, new_v = legacy_host(legacy_calls[0], arrays + scales,
+                               [(shape, k_cache.dtype), (shape, v_cache.dtype)])
+    assert_same_bits(new_k, kc, "key_cache")
+    assert_same_bits(new_v, vc, "value_cache")
 
 
 def test_routing_to_torch_xla():

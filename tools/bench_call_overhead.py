@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Marginal cost of one xla_attn custom call inside jax.jit, on the GPU.
+"""Marginal cost of one xla_attn custom call inside jax.jit, on the GPU, beside a
+direct launch of the same kernel through the C ABI.
 
 A jitted chain of N dependent tiny ops (each cache write feeds the next) is timed for
 N = 1 and N = 101; the difference over 100 is the cost per call, which for such tiny
 work is the launch and runtime overhead. A chain of tiny native XLA sorts (one kernel
 each; elementwise ops would fuse into one) is the same measurement for XLA's own ops. Run it twice to compare command
-buffers (CUDA graphs) on and off:
+buffers (CUDA graphs) on and off. The direct launches (torch CUDA tensors, the
+`xla_attn::reshape_and_cache_flash` torch op, which fills the params struct and calls
+the C ABI on torch's stream) are timed the same way, eagerly (Python and torch
+dispatch included) and as 100 launches captured in one CUDA graph and replayed (the
+GPU-side cost alone, what XLA's command buffer is compared with):
 
   python3 tools/bench_call_overhead.py
   XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 tools/bench_call_overhead.py
@@ -49,11 +54,62 @@ def main() -> int:
         "native XLA sort (1024 floats)": (median_seconds(native(101), (x,), 200) -
                                       median_seconds(native(1), (x,), 200)) / 100,
     }
+    rows.update(direct_launches())
     flags = os.environ.get("XLA_FLAGS", "") or "(default: command buffers on)"
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, XLA_FLAGS {flags}")
     for name, seconds in rows.items():
-        print(f"  {name:<36} {seconds * 1e6:6.2f} us per call in a jitted chain")
+        print(f"  {name:<36} {seconds * 1e6:7.2f} us per call")
     return 0
+
+
+def direct_launches() -> dict:
+    """Per-launch seconds of the same cache write through the C ABI from torch: eager,
+    and replayed from a CUDA graph of 100 launches (empty when torch has no CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    import time
+
+    import xla_attn.torch as xt
+
+    dev = torch.device("cuda")
+    key = torch.ones((1, 1, 8), dtype=torch.bfloat16, device=dev)
+    slot = torch.zeros((1,), dtype=torch.int32, device=dev)
+    kc, vc = (torch.zeros((2, 16, 1, 8), dtype=torch.bfloat16, device=dev) for _ in range(2))
+
+    def launches(n):
+        for _ in range(n):
+            xt.reshape_and_cache_flash(key, key, kc, vc, slot)
+
+    def per_call(fn, calls, repeats=50):
+        fn()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            samples.append((time.perf_counter() - start) / calls)
+        samples.sort()
+        return samples[len(samples) // 2]
+
+    eager = per_call(lambda: launches(100), 100)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        launches(3)  # module load and the op's first-call work, outside the capture
+    torch.cuda.synchronize()
+    graphs = {}
+    for n in (1, 101):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            launches(n)
+        graphs[n] = g
+    replay = (per_call(graphs[101].replay, 1) - per_call(graphs[1].replay, 1)) / 100
+    return {"C ABI launch from torch, eager": eager,
+            "C ABI launches in a CUDA graph": replay}
 
 
 if __name__ == "__main__":

@@ -197,7 +197,7 @@ def module_source(module: vt.Module) -> str:
     for v in vt.VARIANTS:
         if v.module == module.name:
             lines += [
-                f'extern "C" __global__ void __launch_bounds__({v.threads})',
+                f'extern "C" __global__ void __launch_bounds__({v.threads}, {v.min_blocks})',
                 f"{v.kernel}(const __grid_constant__ {v.params} p) {{ {v.template}(p); }}",
                 "",
             ]

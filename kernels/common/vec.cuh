@@ -22,6 +22,27 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 __device__ __forceinline__ float to_float(__nv_fp8_e4m3 x) { return float(x); }
 __device__ __forceinline__ float to_float(__nv_fp8_e5m2 x) { return float(x); }
 
+// 2^x in one MUFU.EX2 (flushes denormal results to 0; 2^-inf = 0). exp2f without
+// fast-math wraps it in a range fix-up that softmax probabilities (<= 1, then rounded
+// to 16 bits or accumulated in float) do not need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// tanh in one MUFU.TANH on sm_75+ (relative error ~2^-11, what flash-attn's softcap
+// uses); tanhf, a branchy sequence, before that.
+__device__ __forceinline__ float fast_tanh(float x) {
+#if __CUDA_ARCH__ >= 750
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return tanhf(x);
+#endif
+}
+
 // Round-to-nearest-even from float. The fp8 constructors saturate to the finite
 // range (__NV_SATFINITE), which is vLLM's quantization and the host reference's.
 template <typename T> __device__ __forceinline__ T from_float(float x);

@@ -34,25 +34,28 @@ class Module:
     header: str         # device header, relative to kernels/
     min_arch: int       # lowest compute capability (major*10+minor) it runs on
     # Virtual archs the front end (NVRTC) runs for. None: each real arch gets its own
-    # cubin from its own VIRTUAL_ARCH. Given: one cubin per major version (the lowest
-    # real arch of it; the driver runs an sm_8x cubin on every later 8.y), each
-    # assembled from the newest of these at or below it. Code that uses nothing of a
-    # newer arch (CUDA-core and mma.sync families) then costs 2 NVRTC and 3 ptxas runs
-    # instead of 5 and 6 (the decode module: ~14 min -> ~3 min on 2 cores).
+    # cubin from its own VIRTUAL_ARCH. Given: a cubin for the lowest real arch of each
+    # major version (the driver runs an sm_8x cubin on every later 8.y) and for each real
+    # arch named here, each assembled from the newest of these at or below it. Code that
+    # uses nothing of a newer arch then costs 2-3 NVRTC and 3-4 ptxas runs instead of 5
+    # and 6 (the decode module: ~14 min -> ~3 min on 2 cores). Name "89" where fp8 is
+    # converted: sm_89+ PTX converts e4m3/e5m2 in hardware (cvt), compute_80 PTX in ~10
+    # integer instructions an element (fp8 decode ran 10x slower than bf16 on an H100).
     ptx_archs: tuple[str, ...] | None = None
 
 
 def cubin_plan(module: Module, archs: list[str]) -> dict[str, str]:
     """{real arch to build a cubin for: virtual arch its PTX comes from} for `archs`
-    (the build's real archs, ascending) under the module's policy."""
+    (the build's real archs) under the module's policy."""
     archs = sorted((a for a in archs if int(a.rstrip("a")) >= module.min_arch),
                    key=lambda a: int(a.rstrip("a")))
     if module.ptx_archs is None:
         return {a: VIRTUAL_ARCH[a] for a in archs}
     plan: dict[str, str] = {}
     for a in archs:
-        if any(int(c.rstrip("a")) // 10 == int(a.rstrip("a")) // 10 for c in plan):
-            continue  # this major already has its cubin
+        major_done = any(int(c.rstrip("a")) // 10 == int(a.rstrip("a")) // 10 for c in plan)
+        if major_done and a not in module.ptx_archs:
+            continue  # an earlier cubin of this major serves it
         below = [v for v in module.ptx_archs if int(v) <= int(a.rstrip("a"))]
         v = max(below, key=int, default=VIRTUAL_ARCH[a])
         # A flavour whose lowest arch is above the shared PTX arch (CUDA 13: sm_75+)
@@ -76,6 +79,7 @@ class Variant:
     features: int = 0   # bit set of FEATURES supported
     priority: int = 0   # higher wins among matches
     threads: int = 128  # block size the entry point is launched with (__launch_bounds__)
+    min_blocks: int = 1  # resident blocks per SM ptxas must allow (__launch_bounds__'s 2nd)
 
 
 # dtype names -> (enum name in kernels/common/types.h, device C++ type)
@@ -91,10 +95,11 @@ MODULES = (
     # Every arch its own cubin: sm_89/90 convert to fp8 in hardware (cvt), and the
     # module compiles in seconds.
     Module("reshape_and_cache_flash_portable", "cache/write_portable.cuh", min_arch=70),
-    Module("flash_fwd_portable", "flash/fwd_portable.cuh", min_arch=70, ptx_archs=("70", "80")),
+    Module("flash_fwd_portable", "flash/fwd_portable.cuh", min_arch=70,
+           ptx_archs=("70", "80", "89")),
     Module("flash_fwd_sm80", "flash/fwd_sm80.cuh", min_arch=80, ptx_archs=("80",)),
     Module("flash_bwd_portable", "flash/bwd_portable.cuh", min_arch=70, ptx_archs=("70", "80")),
-    Module("paged_decode", "paged/decode.cuh", min_arch=70, ptx_archs=("70", "80")),
+    Module("paged_decode", "paged/decode.cuh", min_arch=70, ptx_archs=("70", "80", "89")),
 )
 
 # Head-dim buckets of the portable family (kernels/flash/portable_tiles.h): the
@@ -196,7 +201,11 @@ def _paged_decode_variants():
             kernel=f"xla_attn_paged_decode_{q}_{kv}_d{d}_r{rows}",
             template=f"xla_attn::paged_decode<{DTYPES[q][1]}, {DTYPES[kv][1]}, {d}, {rows}>",
             params="xla_attn::decode::Args", dtype0=q, dtype1=kv, head_dim_min=d,
-            head_dim_max=d, features=ALL_FEATURES, threads=128)
+            head_dim_max=d, features=ALL_FEATURES, threads=128,
+            # 4-row blocks at 3 an SM (<= 168 registers, no spill): decode is latency-
+            # bound, and at 2 blocks (8 warps) ncu saw 31% of DRAM bandwidth. 8-row
+            # blocks spill 0.5 KB at 168 registers, so they stay at 2.
+            min_blocks=3 if rows == 4 else 2)
     for q, d in itertools.product(("f16", "bf16"), DECODE_HEAD_DIMS):
         yield Variant(
             op="paged_decode_combine", family="decode", module="paged_decode",

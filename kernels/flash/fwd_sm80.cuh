@@ -109,6 +109,86 @@ __device__ __forceinline__ void load_tile(T* tile, const VecSrc& vec_src,
   }
 }
 
+// One tile's online-softmax update, for the rows of this lane. Lane (g, t) holds, per
+// m-tile and half hf, row g + 8 hf at keys nt * 8 + 2t + {0, 1}; the 4 lanes of a quad
+// share a row (shuffles over t). Masking and softcap are compile-time flags (four
+// copies of the body), so the common tile (unmasked, no softcap) carries no
+// per-element compare or tanh: as run-time branches the d128 loop issued ~16
+// instructions per mma.
+struct TileSoftmax {
+  int64_t pos0;        // key position of the lane's first row (m-tile 0, hf 0)
+  int n0, n_hi, t;     // tile's first key; end of the block's key range; lane % 4
+  Window win;
+  float mul, cap, slope;  // base-2 score transform (see flash_fwd_sm80)
+  bool tile_absent;       // some key of the tile has no page: check valid[]
+  const uint8_t* valid;   // [block_n] 1 where the key has a K/V row
+
+  template <bool kMask, bool kCap, int kMT, int kNT, int kDT>
+  __device__ __forceinline__ void run(float (&sc)[kMT][kNT][4], float (&m)[kMT][2],
+                                      float (&l)[kMT][2], float (&o)[kMT][kDT][4]) const {
+    constexpr int kBlockN = kNT * 8;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int64_t pos = pos0 + mt * kWarps * 16 + 8 * hf;
+        // Visible keys of this row in the tile: [lo, hi) relative to n0.
+        int lo = 0, hi = kBlockN;
+        if constexpr (kMask) {
+          hi = min(n_hi - n0, kBlockN);
+          if (win.right >= 0) hi = int(clamp64(pos + win.right + 1 - n0, 0, hi));
+          if (win.left >= 0) lo = int(clamp64(pos - win.left - n0, 0, kBlockN));
+        }
+        const float rel = float(pos - n0 - 2 * t);  // pos - key at nt = e = 0
+        float mx = -XLA_ATTN_INF;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = sc[mt][nt][2 * hf + e];
+            if constexpr (kCap) {
+              x = cap * fast_tanh(x * mul);
+            } else {
+              x *= mul;
+            }
+            if (slope != 0.f) x -= slope * fabsf(rel - float(nt * 8 + e));
+            if constexpr (kMask) {
+              const int jl = nt * 8 + 2 * t + e;
+              if (jl < lo || jl >= hi || (tile_absent && !valid[jl])) x = -XLA_ATTN_INF;
+            }
+            mx = fmaxf(mx, x);
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[mt][hf], mx);
+        // A row with no visible key so far keeps m = -inf; exponents then use 0 so
+        // that every term is exp2(-inf) = 0 instead of NaN.
+        const float m_use = m_new == -XLA_ATTN_INF ? 0.f : m_new;
+        const float corr = fast_exp2(m[mt][hf] - m_use);
+        m[mt][hf] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = sc[mt][nt][2 * hf + e];
+            x = fast_exp2(x - m_use);
+            sum += x;
+          }
+        }
+        l[mt][hf] = l[mt][hf] * corr + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          o[mt][dt][2 * hf] *= corr;
+          o[mt][dt][2 * hf + 1] *= corr;
+        }
+      }
+    }
+  }
+};
+
+
 }  // namespace sm80
 
 template <typename T, int D>
@@ -270,60 +350,13 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
         }
       }
 
-      // Online softmax. Lane (g, t) holds, per m-tile and half hf, row g + 8 hf at keys
-      // nt * 8 + 2t + {0, 1}; the 4 lanes of a quad share a row (shuffles over t).
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int64_t pos = int64_t(m0) + mt * kWarpRows + warp * 16 + g + 8 * hf + s.offset;
-          // Visible keys of this row in the tile: [lo, hi) relative to n0.
-          int lo = 0, hi = kBlockN;
-          if (mask) {
-            hi = min(n_hi - n0, kBlockN);
-            if (win.right >= 0) hi = int(clamp64(pos + win.right + 1 - n0, 0, hi));
-            if (win.left >= 0) lo = int(clamp64(pos - win.left - n0, 0, kBlockN));
-          }
-          const float rel = float(pos - n0 - 2 * t);  // pos - key at nt = e = 0
-          float mx = -XLA_ATTN_INF;
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& x = sc[mt][nt][2 * hf + e];
-              const int jl = nt * 8 + 2 * t + e;
-              x = softcap ? cap * tanhf(x * mul) : x * mul;
-              if (slope != 0.f) x -= slope * fabsf(rel - float(nt * 8 + e));
-              if (mask && (jl < lo || jl >= hi || (tile_absent && !sValid[stage * kBlockN + jl])))
-                x = -XLA_ATTN_INF;
-              mx = fmaxf(mx, x);
-            }
-          }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[mt][hf], mx);
-          // A row with no visible key so far keeps m = -inf; exponents then use 0 so
-          // that every term is exp2(-inf) = 0 instead of NaN.
-          const float m_use = m_new == -XLA_ATTN_INF ? 0.f : m_new;
-          const float corr = exp2f(m[mt][hf] - m_use);
-          m[mt][hf] = m_new;
-          float sum = 0.f;
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& x = sc[mt][nt][2 * hf + e];
-              x = exp2f(x - m_use);
-              sum += x;
-            }
-          }
-          l[mt][hf] = l[mt][hf] * corr + sum;
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-            o[mt][dt][2 * hf] *= corr;
-            o[mt][dt][2 * hf + 1] *= corr;
-          }
-        }
+      // Online softmax (TileSoftmax below), its masking and softcap compile-time flags.
+      const TileSoftmax tsm{int64_t(m0) + warp * 16 + g + s.offset, n0, n_hi, t, win, mul,
+                            cap, slope, tile_absent, sValid + stage * kBlockN};
+      if (mask) {
+        softcap ? tsm.run<true, true>(sc, m, l, o) : tsm.run<true, false>(sc, m, l, o);
+      } else {
+        softcap ? tsm.run<false, true>(sc, m, l, o) : tsm.run<false, false>(sc, m, l, o);
       }
 
       cp_async_wait<2>();  // V_j (K_{j+1} and V_{j+1} may still be in flight)

@@ -84,9 +84,19 @@ struct KeyRows {
   int max_blocks, block_size, num_blocks;
   __device__ __forceinline__ int64_t row(int b, int64_t k_start, int j) const {
     if (!table) return k_start + j;
-    const int32_t block = table[int64_t(b) * max_blocks + j / block_size];
+    // Block sizes are powers of two in practice (8..128): a shift and a mask there,
+    // instead of an integer division (~20 instructions and a branch) per lookup.
+    int page, slot;
+    if ((block_size & (block_size - 1)) == 0) {
+      page = j >> (__ffs(block_size) - 1);
+      slot = j & (block_size - 1);
+    } else {
+      page = j / block_size;
+      slot = j % block_size;
+    }
+    const int32_t block = table[int64_t(b) * max_blocks + page];
     if (block < 0 || block >= num_blocks) return -1;
-    return int64_t(block) * block_size + j % block_size;
+    return int64_t(block) * block_size + slot;
   }
 };
 

@@ -26,7 +26,7 @@ constexpr int kThreads = kWarps * 32;
 // row; they fit up to D = 64 (O 2x8x4 + S 2x8x4 = 128 f32 accumulators; ptxas: 255
 // registers, no spill). From D = 96 on, one m-tile (64 rows): two spill there (ptxas
 // sm_80: 84 / 44 bytes of spill stores at D = 96 / 128), one takes 168 / 210 registers.
-XLA_ATTN_HOST_DEVICE constexpr int m_tiles(int d) { return d <= 64 ? 2 : 1; }
+XLA_ATTN_HOST_DEVICE constexpr int m_tiles(int d) { return d <= 128 && d != 96 ? 2 : 1; }
 XLA_ATTN_HOST_DEVICE constexpr int block_m(int d) { return kWarps * 16 * m_tiles(d); }
 
 // Keys per K/V tile. 64 keys give each warp 64 mma for S and 64 for P V per tile (at

@@ -3,7 +3,8 @@
 // One block = one (split of the keys, kv head, sequence). It holds every query row of
 // the kv head's GQA group (heads x query tokens, in chunks of kRows) in registers, so
 // each K/V byte is read once for the whole group. A key row is read by kLanes lanes
-// with 16-byte (fp8: 8-byte) loads, kUnroll keys per lane group in flight; each lane keeps the
+// with 16-byte (fp8: 8-byte) loads, two steps of kUnroll keys per lane group in flight
+// (the block-table entries two steps ahead); each lane keeps the
 // partial dot products of its 16 bytes, reduced across the key's lanes with shuffles.
 // Warps stream disjoint keys with their own online softmax and merge through shared
 // memory at the end; splits write partials that paged_decode_combine merges.
@@ -60,6 +61,7 @@ __device__ void paged_decode(const decode::Args& a) {
   using namespace decode;
   constexpr int kElems = elems_per_lane();        // cache elements per lane and key
   constexpr int kLanes = lanes_per_key(D);
+  constexpr int kUnroll = unroll(kRows);
   constexpr int kKeysPerWarp = 32 / kLanes;       // keys one warp-wide load covers
   constexpr int kKeysPerStep = kKeysPerWarp * kUnroll;
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0,
@@ -103,19 +105,25 @@ __device__ void paged_decode(const decode::Args& a) {
   float* ws_lse = ws_out + int64_t(a.num_splits) * p.total_q * q_stride;
 
   for (int r0 = 0; r0 < total_rows; r0 += kRows) {
-    // Scores live in the log2 domain (exp2 is one instruction): q carries scale.
+    // Scores live in the log2 domain (exp2 is one instruction). Without softcap, q
+    // carries scale * k_scale * log2 e and the score is the dot itself; with it,
+    // score = cap2 * tanh(dot * mul). ALiBi subtracts slope2 * |pos - key|.
+    const bool capped = p.soft_cap > 0.f;
+    const float cap2 = p.soft_cap * kLog2e;
+    const float qmul = capped ? 1.f : p.scale * ks * kLog2e;
+    const float mul = capped ? p.scale * ks / p.soft_cap : 1.f;
     float q[kRows][kElems];
-    ScoreMod mod[kRows];
-    int64_t pos[kRows];
+    float slope2[kRows];
+    int pos[kRows];  // key position of the row (< 2^31: keys are int)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int row = min(r0 + r, total_rows - 1);  // spare rows repeat the last one
       const int h = hk * group + row % group;
-      pos[r] = int64_t(row / group) + s.offset;
-      mod[r] = ScoreMod{p.scale * ks, p.soft_cap, p.alibi_slopes ? p.alibi_slopes[h] : 0.f};
+      pos[r] = row / group + s.offset;
+      slope2[r] = (p.alibi_slopes ? p.alibi_slopes[h] : 0.f) * kLog2e;
       const Q* qrow = query + (s.q_start + row / group) * q_stride + h * D + part * kElems;
 #pragma unroll
-      for (int e = 0; e < kElems; ++e) q[r][e] = to_float(qrow[e]);
+      for (int e = 0; e < kElems; ++e) q[r][e] = to_float(qrow[e]) * qmul;
     }
     float m[kRows], l[kRows], acc[kRows][kElems];
 #pragma unroll
@@ -126,55 +134,115 @@ __device__ void paged_decode(const decode::Args& a) {
       for (int e = 0; e < kElems; ++e) acc[r][e] = 0.f;
     }
 
-    for (int base = k_lo + warp * kKeysPerStep; base < k_hi; base += kWarps * kKeysPerStep) {
-      Chunk kc[kUnroll], vc[kUnroll];
-      int key[kUnroll];
-      bool present[kUnroll];
+    // Step t of this warp covers keys base_t + u * kKeysPerWarp + lane / kLanes, u <
+    // kUnroll, base_t = k_lo + (t * kWarps + warp) * kKeysPerStep. Pipeline: while step t
+    // is computed, step t + 1's K/V loads are in flight and step t + 2's block-table
+    // entries are being read, so neither the page lookup nor the load latency is paid
+    // in series with the math.
+    constexpr int kStride = kWarps * kKeysPerStep;
+    const int key_lane = lane / kLanes;
+    auto lookup = [&](int base, int64_t (&rows)[kUnroll]) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {  // every load first, then the math
-        key[u] = base + u * kKeysPerWarp + lane / kLanes;
-        const int64_t row = key[u] < k_hi ? keys.row(b, 0, key[u]) : -1;
-        present[u] = row >= 0;
-        const int64_t off = (row * p.num_heads_k + hk) * D + part * kElems;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int key = base + u * kKeysPerWarp + key_lane;
+        rows[u] = key < k_hi ? keys.row(b, 0, key) : -1;
+      }
+    };
+    Chunk kc[kUnroll], vc[kUnroll];  // the step in flight
+    bool present[kUnroll];
+    auto issue = [&](const int64_t (&rows)[kUnroll]) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        present[u] = rows[u] >= 0;
+        const int64_t off = (rows[u] * p.num_heads_k + hk) * D + part * kElems;
         kc[u] = load_chunk<Chunk>(k_cache + off, present[u]);
         vc[u] = load_chunk<Chunk>(v_cache + off, present[u]);
       }
+    };
+    int64_t rows[kUnroll];
+    int base = k_lo + warp * kKeysPerStep;
+    lookup(base, rows);
+    issue(rows);
+    lookup(base + kStride, rows);
+    for (; base < k_hi; base += kStride) {
       float kf[kUnroll][kElems];
+      Chunk vcur[kUnroll];
+      bool vis_key[kUnroll];
+      int key[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
         for (int e = 0; e < kElems; ++e) kf[u][e] = to_float(kc[u].v[e]);
+        vcur[u] = vc[u];
+        vis_key[u] = present[u];
+        key[u] = base + u * kKeysPerWarp + key_lane;
       }
+      issue(rows);                       // step t + 1 (no-op loads past the range)
+      lookup(base + 2 * kStride, rows);  // step t + 2's pages
+      // Scores of every row first: K's floats die before V's are made. The kRows x
+      // kUnroll dot products are independent chains; reducing them across the key's
+      // lanes one shuffle distance at a time for all of them lets their latencies
+      // (~30 cycles a shuffle) overlap, and the transform below has no branch, so the
+      // scheduler sees one straight block (with a branch per score, ncu showed 5.4
+      // cycles between a warp's instructions and 31% of DRAM bandwidth).
+      float score[kRows][kUnroll];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        float score[kUnroll];
-        float top = -XLA_ATTN_INF;
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           float dot = 0.f;
 #pragma unroll
-          for (int e = 0; e < kElems; ++e) dot += q[r][e] * kf[u][e];
-#pragma unroll
-          for (int off = 1; off < kLanes; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-          const bool vis = present[u] && win.visible(pos[r], key[u]);  // causal: right = 0
-          score[u] = vis ? mod[r](dot, pos[r], key[u]) * kLog2e : -XLA_ATTN_INF;
-          top = fmaxf(top, score[u]);
+          for (int e = 0; e < kElems; ++e) dot = fmaf(q[r][e], kf[u][e], dot);
+          score[r][u] = dot;
         }
+      }
+#pragma unroll
+      for (int off = 1; off < kLanes; off <<= 1) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u)
+            score[r][u] += __shfl_xor_sync(0xffffffffu, score[r][u], off);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          float x = capped ? cap2 * fast_tanh(score[r][u] * mul) : score[r][u];
+          x -= slope2[r] * float(abs(pos[r] - key[u]));
+          const bool vis = vis_key[u] && win.visible(pos[r], key[u]);  // causal: right = 0
+          score[r][u] = vis ? x : -XLA_ATTN_INF;
+        }
+      }
+      float vf[kUnroll][kElems];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) vf[u][e] = to_float(vcur[u].v[e]);
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float top = -XLA_ATTN_INF;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) top = fmaxf(top, score[r][u]);
 #pragma unroll
         for (int off = kLanes; off < 32; off <<= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
         const float m_new = fmaxf(m[r], top);
-        if (m_new == -XLA_ATTN_INF) continue;  // warp-uniform: nothing visible yet
-        const float corr = exp2f(m[r] - m_new);  // m = -inf: 0
+        // Nothing visible yet: m stays -inf and exponents use 0, so every term is
+        // exp2(-inf) = 0 rather than NaN (no branch: shuffles stay convergent).
+        const float m_use = m_new == -XLA_ATTN_INF ? 0.f : m_new;
+        const float corr = fast_exp2(m[r] - m_use);  // m = -inf: 0
         m[r] = m_new;
         l[r] *= corr;
 #pragma unroll
         for (int e = 0; e < kElems; ++e) acc[r][e] *= corr;
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          const float prob = exp2f(score[u] - m_new);
+          const float prob = fast_exp2(score[r][u] - m_use);
           l[r] += prob;
 #pragma unroll
-          for (int e = 0; e < kElems; ++e) acc[r][e] += prob * to_float(vc[u].v[e]);
+          for (int e = 0; e < kElems; ++e) acc[r][e] = fmaf(prob, vf[u][e], acc[r][e]);
         }
       }
     }

@@ -14,10 +14,14 @@ struct Args {
 };
 
 constexpr int kWarps = 4;   // 128 threads: each warp streams its own keys, merged at the end
-constexpr int kUnroll = 4;  // K and V loads in flight per lane per step (8 x 16 B for a
-                            // 16-bit cache, 8 x 8 B for fp8): with ~16 resident warps per SM
-                            // that is 32-64 KB in flight, 2-4x what Little's law asks for at
-                            // 3 TB/s and ~1 us latency on 132 SMs
+// Keys per lane group in one step (each a K and a V load of 16 bytes, fp8: 8). The
+// loop is software-pipelined (step t + 1's loads fly while step t is computed), so
+// 2 x kUnroll x 2 loads (128 B at 16-bit) are in flight per lane. Two, not four: at
+// four the lane's registers (q, accumulators, two steps of K/V) reach 234-255, two
+// blocks an SM; at two, 4-row blocks fit 168 and three blocks (12 warps), so the SM
+// has 48 KB in flight, 2x what Little's law asks for at 3 TB/s and ~1 us latency on
+// 132 SMs.
+XLA_ATTN_HOST_DEVICE constexpr int unroll(int) { return 2; }
 
 // Cache elements one lane reads per key: 8 (16 bytes of a 16-bit cache, 8 of fp8).
 // Eight, not 16 bytes, for fp8: 16 fp8 elements per lane doubled the lane's query and

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Runs one op on one benchmark shape a few times, for a profiler to attach to.
+
+  ncu --clock-control none -k regex:xla_attn_flash_fwd -c 1 --section SpeedOfLight \\
+      python3 tools/profile_op.py fwd --seqlen 4096 --head-dim 128
+  python3 tools/profile_op.py decode --context 4096 --block-size 16 [--fp8]
+
+Shapes follow tools/bench.py (dense: 16k tokens, H*D = 2048, bf16; decode: 32 query /
+8 kv heads, head_dim 128, blocks in random order). Prints the median wall time of
+--repeats calls (jax.block_until_ready around each), which includes JAX's dispatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("op", choices=("fwd", "fwd_bwd", "decode"))
+    p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--batch", type=int, default=64, help="decode batch")
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--fp8", action="store_true", help="decode over a float8_e4m3fn cache")
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from xla_attn import jax as xj
+
+    key = iter(jax.random.split(jax.random.key(0), 8))
+    if args.op in ("fwd", "fwd_bwd"):
+        d, s = args.head_dim, args.seqlen
+        b, h = 16384 // s, 2048 // d
+        q, k, v = (jax.random.normal(next(key), (b, s, h, d), jnp.bfloat16) for _ in range(3))
+
+        def fwd(q, k, v):
+            return xj.flash_attn(q, k, v, causal=args.causal)
+
+        if args.op == "fwd":
+            fn, inputs = jax.jit(fwd), (q, k, v)
+        else:
+            fn = jax.jit(jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(),
+                                  argnums=(0, 1, 2)))
+            inputs = (q, k, v)
+    else:
+        bsz, ctx, bs, d = args.batch, args.context, args.block_size, 128
+        hq, hk = 32, 8
+        nb = bsz * ctx // bs
+        perm = np.random.default_rng(0).permutation(nb).astype(np.int32)
+        dtype = jnp.float8_e4m3fn if args.fp8 else jnp.bfloat16
+        kc, vc = ((jax.random.normal(next(key), (nb, bs, hk, d), jnp.float32) * 0.5).astype(dtype)
+                  for _ in range(2))
+        q = jax.random.normal(next(key), (bsz, hq, d), jnp.bfloat16)
+        inputs = (q, kc, vc, jnp.full((bsz,), ctx, jnp.int32),
+                  jnp.asarray(perm.reshape(bsz, ctx // bs)), jnp.arange(bsz + 1, dtype=jnp.int32))
+        scale = float(d) ** -0.5
+        fn = jax.jit(lambda *a: xj.paged_attention(*a, scale))
+    jax.block_until_ready(fn(*inputs))
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*inputs))
+        times.append(time.perf_counter() - t0)
+    print(f"{args.op}: median {statistics.median(times) * 1e6:.1f} us over {args.repeats} calls")
+
+
+if __name__ == "__main__":
+    main()
