@@ -416,6 +416,8 @@ def test_a_wrong_kv_head_is_caught(rng, mk, mesh, monkeypatch):
     """A partition that hands every shard kv head 0 (a plausible bug in the "slice"
     mode of GQA with fewer kv heads than shards) moves no data and compiles fine; only
     the comparison with the reference catches it."""
+    if N < 4:  # 2 kv heads over 2 shards are split, so kv head 0 of each shard is right
+        pytest.skip("needs more shards than kv heads, and more than one kv head: 4 shards")
     (q, k, v, cu_q, cu_k, slopes), args = _varlen_case(rng, mk, mesh, 8, 2)
     monkeypatch.setattr(xj, "_kv_head", lambda plan, mesh, heads_k: jnp.int32(0))
     out = np.asarray(jax.jit(lambda *a: _varlen(*a))(*args)[0])  # a fresh trace

@@ -31,6 +31,50 @@ __device__ void zero_padding_rows(const xla_attn_flash_fwd_params& p, int h, int
   }
 }
 
+// Where a forward block (blockIdx: row block x split, head, sequence) works, shared by
+// every forward family: its sequence, rows [m0, m0 + block_m), kv head, and the keys
+// [n_lo, n_hi) of its split that some row can see (tiles outside are never loaded).
+// locate() returns false for a block with nothing to do; the padding block (b ==
+// batch) zeroes the output rows past the last real sequence first.
+struct FwdBlock {
+  Sequence s;
+  Window win;
+  int h, b, m0, hd, hk, splits, split, n_lo, n_hi;
+  bool paged;
+
+  template <typename Out>
+  __device__ __forceinline__ bool locate(const xla_attn_flash_fwd_params& p, int block_m,
+                                         int block_n) {
+    splits = p.num_splits > 1 ? p.num_splits : 1;
+    const int m_block = blockIdx.x / splits;
+    split = blockIdx.x % splits;
+    h = blockIdx.y;
+    b = blockIdx.z;
+    const int n = real_batch(p.batch, p.batch_used);
+    if (b >= n) {
+      if (b == p.batch && blockIdx.x == 0) zero_padding_rows<Out>(p, h, n);
+      return false;
+    }
+    paged = p.block_table != nullptr;
+    s = sequence(b, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.total_q, p.total_k, paged,
+                 int64_t(p.max_blocks_per_seq) * p.block_size);
+    m0 = m_block * block_m;
+    if (m0 >= s.num_q || routed_to_decode(p.decode_max_q, s)) return false;
+    hd = p.head_dim;
+    hk = h / (p.num_heads / p.num_heads_k);
+    win = Window{p.window_left, p.window_right};
+    win.key_range(m0, min(m0 + block_m, s.num_q) - 1, s.offset, s.num_k, &n_lo, &n_hi);
+    if (splits > 1) {  // this split's share of the tiles
+      const int tiles = (n_hi - n_lo + block_n - 1) / block_n;
+      const int per = (tiles + splits - 1) / splits;
+      const int lo = n_lo + split * per * block_n;
+      n_hi = min(n_hi, lo + per * block_n);
+      n_lo = min(lo, n_hi);
+    }
+    return true;
+  }
+};
+
 template <typename Q, typename KV, typename Out, int D>
 __device__ void flash_fwd_portable(const xla_attn_flash_fwd_params& p) {
   constexpr int kRows = portable::fwd_rows_per_warp(D);
@@ -44,31 +88,13 @@ __device__ void flash_fwd_portable(const xla_attn_flash_fwd_params& p) {
   __shared__ float sP[portable::kWarps][kRows][kBlockN];
   __shared__ bool sValid[kBlockN];
 
-  const int splits = p.num_splits > 1 ? p.num_splits : 1;
-  const int m_block = blockIdx.x / splits, split = blockIdx.x % splits;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int n = real_batch(p.batch, p.batch_used);
-  if (b >= n) {
-    if (b == p.batch && blockIdx.x == 0) zero_padding_rows<Out>(p, h, n);
-    return;
-  }
-  const bool paged = p.block_table != nullptr;
-  const Sequence s = sequence(b, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.total_q,
-                              p.total_k, paged, int64_t(p.max_blocks_per_seq) * p.block_size);
-  const int m0 = m_block * kBlockM;
-  if (m0 >= s.num_q || routed_to_decode(p.decode_max_q, s)) return;
-  const int hd = p.head_dim;
-  const int hk = h / (p.num_heads / p.num_heads_k);
-  const Window win{p.window_left, p.window_right};
-  int n_lo, n_hi;
-  win.key_range(m0, min(m0 + kBlockM, s.num_q) - 1, s.offset, s.num_k, &n_lo, &n_hi);
-  if (splits > 1) {  // this split's share of the tiles
-    const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
-    const int per = (tiles + splits - 1) / splits;
-    const int lo = n_lo + split * per * kBlockN;
-    n_hi = min(n_hi, lo + per * kBlockN);
-    n_lo = min(lo, n_hi);
-  }
+  FwdBlock blk;
+  if (!blk.locate<Out>(p, kBlockM, kBlockN)) return;
+  const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd, hk = blk.hk;
+  const int n_lo = blk.n_lo, n_hi = blk.n_hi, splits = blk.splits, split = blk.split;
+  const bool paged = blk.paged;
+  const Sequence& s = blk.s;
+  const Window& win = blk.win;
   const ScoreMod mod{p.softmax_scale, p.softcap,
                      p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] : 0.f};
   const KeyRows keys{p.block_table, p.max_blocks_per_seq, paged ? p.block_size : 1,

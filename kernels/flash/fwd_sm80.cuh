@@ -208,33 +208,14 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
   // [kStages][kBlockN]: 1 where the key has a K/V row
   uint8_t* sValid = reinterpret_cast<uint8_t*>(sV + kStages * smem_kv_elems(D));
 
-  const int splits = p.num_splits > 1 ? p.num_splits : 1;
-  const int m_block = blockIdx.x / splits, split = blockIdx.x % splits;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int n = real_batch(p.batch, p.batch_used);
-  if (b >= n) {
-    if (b == p.batch && blockIdx.x == 0) zero_padding_rows<T>(p, h, n);
-    return;
-  }
-  const bool paged = p.block_table != nullptr;
-  const Sequence s = sequence(b, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.total_q,
-                              p.total_k, paged, int64_t(p.max_blocks_per_seq) * p.block_size);
-  const int m0 = m_block * kBlockM;
-  if (m0 >= s.num_q || routed_to_decode(p.decode_max_q, s)) return;
-  const int hd = p.head_dim;
-  const int hk = h / (p.num_heads / p.num_heads_k);
-  const Window win{p.window_left, p.window_right};
+  FwdBlock blk;
+  if (!blk.locate<T>(p, kBlockM, kBlockN)) return;
+  const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd, hk = blk.hk;
+  const int n_lo = blk.n_lo, n_hi = blk.n_hi, splits = blk.splits, split = blk.split;
+  const bool paged = blk.paged;
+  const Sequence& s = blk.s;
+  const Window& win = blk.win;
   const int m_last = min(m0 + kBlockM, s.num_q) - 1;
-  // Keys some row of the block can see; tiles outside [n_lo, n_hi) are never loaded.
-  int n_lo, n_hi;
-  win.key_range(m0, m_last, s.offset, s.num_k, &n_lo, &n_hi);
-  if (splits > 1) {  // this split's share of the tiles
-    const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
-    const int per = (tiles + splits - 1) / splits;
-    const int lo = n_lo + split * per * kBlockN;
-    n_hi = min(n_hi, lo + per * kBlockN);
-    n_lo = min(lo, n_hi);
-  }
   const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
   const KeyRows keys{p.block_table, p.max_blocks_per_seq, paged ? p.block_size : 1,
                      paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};

@@ -35,11 +35,14 @@ def info(as_json: bool = False) -> int:
     gpu: dict = {"arch": arch} if arch > 0 else {"none": why}
     if arch > 0:
         chosen = {}
-        # paged_attention runs on the flash_fwd kernels (an fp8 cache: a mixed pair).
+        # paged_attention: decode spans of a GQA group of 4 (paged_decode_r4) over an fp8
+        # cache; longer spans take the flash_fwd kernels (a mixed pair).
         for name, op, d0, d1 in (("reshape_and_cache_flash", "reshape_and_cache_flash", "bfloat16", "bfloat16"),
                                  ("flash_attn_varlen", "flash_fwd", "bfloat16", "bfloat16"),
                                  ("flash backward", "flash_bwd_dq", "bfloat16", "bfloat16"),
-                                 ("paged_attention", "flash_fwd", "bfloat16", "float8_e4m3fn")):
+                                 ("paged_attention decode", "paged_decode_r4", "bfloat16",
+                                  "float8_e4m3fn"),
+                                 ("paged_attention prefill", "flash_fwd", "bfloat16", "float8_e4m3fn")):
             try:
                 chosen[name] = _native.select_variant(op, d0, d1, 128, arch)
             except RuntimeError as e:
