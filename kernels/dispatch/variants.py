@@ -100,6 +100,7 @@ MODULES = (
     Module("flash_fwd_sm80", "flash/fwd_sm80.cuh", min_arch=80, ptx_archs=("80",)),
     Module("flash_bwd_portable", "flash/bwd_portable.cuh", min_arch=70, ptx_archs=("70", "80")),
     Module("paged_decode", "paged/decode.cuh", min_arch=70, ptx_archs=("70", "80", "89")),
+    Module("paged_decode_sm80", "paged/decode_sm80.cuh", min_arch=80, ptx_archs=("80", "89")),
 )
 
 # Head-dim buckets of the portable family (kernels/flash/portable_tiles.h): the
@@ -218,6 +219,24 @@ def _paged_decode_variants():
 # Head dims with a decode kernel (others take the flash forward over the block table).
 DECODE_HEAD_DIMS = (64, 128, 256)
 
+
+def _paged_decode_sm80_variants():
+    # The tensor-core decode kernel (kernels/paged/decode_sm80.cuh): 16-bit queries over
+    # a cache of their dtype or fp8, head dims 64 and 128 (d256's three stages exceed
+    # the 99 KB of shared memory sm_86/89 allow a block): 2 x 3 x 2 = 12. The launcher
+    # tries it before the FMA kernel (paged_decode_r4/_r8), which keeps d256 and
+    # sm_70/75.
+    pairs = [(q, kv) for q in ("f16", "bf16") for kv in (q, "f8e4m3", "f8e5m2")]
+    for (q, kv), d in itertools.product(pairs, (64, 128)):
+        yield Variant(
+            op="paged_decode_mma", family="decode", module="paged_decode_sm80",
+            kernel=f"xla_attn_paged_decode_sm80_{q}_{kv}_d{d}",
+            template=f"xla_attn::paged_decode_sm80<{DTYPES[q][1]}, {DTYPES[kv][1]}, {d}>",
+            params="xla_attn::decode::Args", dtype0=q, dtype1=kv, head_dim_min=d,
+            head_dim_max=d, features=ALL_FEATURES, threads=128, min_blocks=2)
+
+
 VARIANTS = (tuple(_reshape_and_cache_flash_variants()) + tuple(_flash_fwd_variants())
             + tuple(_flash_fwd_sm80_variants())
-            + tuple(_flash_bwd_variants()) + tuple(_paged_decode_variants()))
+            + tuple(_flash_bwd_variants()) + tuple(_paged_decode_variants())
+            + tuple(_paged_decode_sm80_variants()))

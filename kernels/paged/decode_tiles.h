@@ -57,3 +57,44 @@ constexpr int kMinKeysPerSplit = 256;
 constexpr int kMaxSplits = 128;
 
 }  // namespace xla_attn::decode
+
+// The tensor-core decode kernel (paged/decode_sm80.cuh).
+namespace xla_attn::decode_sm80 {
+
+constexpr int kWarps = 4;
+constexpr int kTileKeys = 16;  // keys per warp tile: one k16 step of P V
+constexpr int kRows = 16;      // query rows a block holds: one m16 tile
+// Three stages: tiles t + 1 and t + 2 are in flight while tile t is computed, 2 x 8 KB
+// per warp at d128; at 2 blocks an SM (96 KB of shared memory each) that is 128 KB
+// in flight per SM, several times what Little's law asks for at 3 TB/s.
+constexpr int kStages = 3;
+
+// Shared memory: per warp, kStages K and kStages V tiles as stored (16 rows of D
+// cache elements; 16-bit ones swizzled like the flash tiles), for fp8 the two f16
+// tiles they are converted into, and the physical rows of each stage; the warp merge
+// at the end reuses it all. d128: 96.8 KB a block for 16-bit caches, 80.8 KB for fp8
+// (both fit the 99 KB every sm_8x allows a block after opting in).
+XLA_ATTN_HOST_DEVICE constexpr int tile_elems(int d) { return kTileKeys * d; }
+XLA_ATTN_HOST_DEVICE constexpr int stage_bytes(int d, int cache_bytes) {
+  return tile_elems(d) * cache_bytes;
+}
+XLA_ATTN_HOST_DEVICE constexpr int warp_smem_bytes(int d, int cache_bytes) {
+  return 2 * kStages * stage_bytes(d, cache_bytes) + (cache_bytes == 1 ? 2 * 2 * tile_elems(d) : 0) +
+         kStages * kTileKeys * 4;
+}
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int cache_bytes) {
+  return kWarps * warp_smem_bytes(d, cache_bytes);
+}
+static_assert(smem_bytes(128, 2) <= 99 * 1024 && smem_bytes(128, 1) <= 99 * 1024,
+              "decode_sm80 d128 exceeds sm_86/89's 99 KB");
+
+// Split-KV: split only while the grid is under one round of resident blocks (2 an SM
+// on an H100's 132 SMs at d128): B=64 x 8 kv heads then runs unsplit (splitting it 3
+// ways, as the FMA kernel's 8 x 132 target did, added a 12 us merge and 3 MB of
+// partials to a 375 us kernel). At least 64 keys (one tile per warp) per split, so
+// B=1 still gets ~264 blocks.
+constexpr int kTargetBlocks = 2 * 132;
+constexpr int kMinKeysPerSplit = kWarps * kTileKeys;
+constexpr int kMaxSplits = 128;
+
+}  // namespace xla_attn::decode_sm80

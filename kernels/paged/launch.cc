@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "common/checks.h"
 #include "common/op.h"
@@ -59,23 +60,36 @@ unsigned features_of(const xla_attn_paged_attention_params& p) {
   return f;
 }
 
+// How a decode kernel splits the keys (flash-decoding) when the grid alone cannot
+// fill the GPU. Constants of each kernel's tiles header, not the device's SM count,
+// so the workspace is a function of shapes alone.
+struct SplitPolicy {
+  int target_blocks;     // blocks that fill the reference GPU
+  int min_keys_per_split;
+  int max_splits;
+};
+constexpr SplitPolicy kFmaSplits{decode::kTargetBlocks, decode::kMinKeysPerSplit,
+                                 decode::kMaxSplits};
+constexpr SplitPolicy kMmaSplits{decode_sm80::kTargetBlocks, decode_sm80::kMinKeysPerSplit,
+                                 decode_sm80::kMaxSplits};
+
 // How the decode kernel would run this call. It depends on shapes alone, so the
 // workspace can be sized at trace time.
 struct DecodePlan {
-  int rows;        // query rows per block (the variant's r4 / r8)
-  int max_q;       // longest query span it takes
+  int rows;        // query rows per block of the FMA kernel (its variant's r4 / r8)
+  int max_q;       // longest query span the decode kernels take
   int splits;
   size_t workspace;
 };
 
-DecodePlan decode_plan(const xla_attn_paged_attention_params& p) {
+DecodePlan decode_plan(const xla_attn_paged_attention_params& p, const SplitPolicy& policy) {
   const int group = p.num_heads / std::max(p.num_heads_k, 1);
   DecodePlan plan{decode::rows_per_block(group), decode::max_query_span(group), 1, 0};
   const int64_t blocks = std::max<int64_t>(1, int64_t(p.max_num_seqs) * p.num_heads_k);
   const int64_t max_k = int64_t(p.max_blocks_per_seq) * p.block_size;
-  const int64_t want = (decode::kTargetBlocks + blocks - 1) / blocks;
-  const int64_t by_keys = std::max<int64_t>(1, max_k / decode::kMinKeysPerSplit);
-  plan.splits = int(std::clamp<int64_t>(std::min(want, by_keys), 1, decode::kMaxSplits));
+  const int64_t want = (policy.target_blocks + blocks - 1) / blocks;
+  const int64_t by_keys = std::max<int64_t>(1, max_k / policy.min_keys_per_split);
+  plan.splits = int(std::clamp<int64_t>(std::min(want, by_keys), 1, policy.max_splits));
   if (plan.splits > 1) {
     plan.workspace = size_t(plan.splits) * p.total_q * p.num_heads * (p.head_dim + 1) * sizeof(float);
   }
@@ -84,26 +98,45 @@ DecodePlan decode_plan(const xla_attn_paged_attention_params& p) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// Launches the decode kernel (and its split merge) when a variant covers the call;
-// false when none does or the caches are not 16-byte aligned.
-bool launch_decode(const xla_attn_paged_attention_params& p, const DecodePlan& plan,
-                   cudaStream_t stream, std::string* error) {
-  if (!aligned16(p.key_cache) || !aligned16(p.value_cache)) return false;
-  const std::string op = "paged_decode_r" + std::to_string(plan.rows);
-  dispatch::Query q{op.c_str(), p.q_dtype, p.cache_dtype, p.head_dim, features_of(p), 0};
+// The decode kernel for this call and its dynamic shared memory: the tensor-core one
+// where it covers the call (16-bit caches, sm_80+, a GQA group of at most 16 heads:
+// its rows are one m16 tile), else the FMA one; null when neither does or the caches
+// are not 16-byte aligned.
+const dispatch::VariantEntry* decode_variant(const xla_attn_paged_attention_params& p, int arch,
+                                             size_t* smem) {
+  if (!aligned16(p.key_cache) || !aligned16(p.value_cache)) return nullptr;
+  const int group = p.num_heads / std::max(p.num_heads_k, 1);
   std::string unused;
-  if ((q.arch = dispatch::current_arch(error)) < 0) return true;
-  if (!dispatch::select(q, &unused)) return false;
+  if (group <= decode_sm80::kRows) {
+    const dispatch::VariantEntry* v = dispatch::select(
+        {"paged_decode_mma", p.q_dtype, p.cache_dtype, p.head_dim, features_of(p), arch}, &unused);
+    *smem = size_t(decode_sm80::smem_bytes(p.head_dim, is_fp8_dtype(p.cache_dtype) ? 1 : 2));
+    if (v) return v;
+  }
+  *smem = 0;
+  const std::string fma_op = "paged_decode_r" + std::to_string(decode::rows_per_block(group));
+  return dispatch::select({fma_op.c_str(), p.q_dtype, p.cache_dtype, p.head_dim, features_of(p),
+                           arch}, &unused);
+}
+
+bool is_mma(const dispatch::VariantEntry& v) {
+  return std::strcmp(v.op, "paged_decode_mma") == 0;
+}
+
+// Launches decode kernel `v` (and its split merge) under `plan`.
+std::string launch_decode(const xla_attn_paged_attention_params& p,
+                          const dispatch::VariantEntry& v, size_t smem, const DecodePlan& plan,
+                          int arch, cudaStream_t stream) {
   const decode::Args args{p, plan.splits, plan.max_q};
   // (splits, kv heads, sequences + 1 block row that zeroes the padding queries)
   const dim3 grid(plan.splits, p.num_heads_k, p.max_num_seqs + 1);
-  *error = dispatch::launch(q, grid, 0, stream, &args);
-  if (error->empty() && plan.splits > 1) {
+  std::string error = dispatch::launch(v, grid, smem, stream, &args);
+  if (error.empty() && plan.splits > 1) {
     const dispatch::Query c{"paged_decode_combine", p.q_dtype, p.q_dtype, p.head_dim,
-                            features_of(p), q.arch};
-    *error = dispatch::launch(c, dim3(1, p.num_heads_k, p.max_num_seqs), 0, stream, &args);
+                            features_of(p), arch};
+    error = dispatch::launch(c, dim3(1, p.num_heads_k, p.max_num_seqs), 0, stream, &args);
   }
-  return true;
+  return error;
 }
 
 }  // namespace
@@ -111,21 +144,29 @@ bool launch_decode(const xla_attn_paged_attention_params& p, const DecodePlan& p
 // The decode kernel and the flash forward share the workspace (they run one after
 // the other on the stream): the larger of the two.
 size_t workspace_size(const xla_attn_paged_attention_params& p) {
-  return std::max(decode_plan(p).workspace, workspace_size(as_flash(p)));
+  return std::max({decode_plan(p, kFmaSplits).workspace, decode_plan(p, kMmaSplits).workspace,
+                   workspace_size(as_flash(p))});
 }
 
 std::string launch_cuda(const xla_attn_paged_attention_params& p, cudaStream_t stream) {
   if (p.total_q == 0 || p.max_num_seqs == 0) return "";
   if (p.max_num_seqs + 1 > 65535) return "paged_attention: at most 65534 sequences per call";
   if (p.num_heads_k > 65535) return "paged_attention: at most 65535 kv heads";
-  const DecodePlan plan = decode_plan(p);
-  if (plan.workspace > 0 && (!p.workspace || size_t(p.workspace_bytes) < plan.workspace)) {
-    return "paged_attention: the split-KV workspace is missing or smaller than "
-           "xla_attn_workspace_size() asked for";
-  }
   std::string error;
-  const bool decoded = launch_decode(p, plan, stream, &error);
-  if (!error.empty()) return error;
+  const int arch = dispatch::current_arch(&error);
+  if (arch < 0) return error;
+  size_t smem = 0;
+  const dispatch::VariantEntry* v = decode_variant(p, arch, &smem);
+  const DecodePlan plan = decode_plan(p, v && is_mma(*v) ? kMmaSplits : kFmaSplits);
+  if (v) {
+    if (plan.workspace > 0 && (!p.workspace || size_t(p.workspace_bytes) < plan.workspace)) {
+      return "paged_attention: the split-KV workspace is missing or smaller than "
+             "xla_attn_workspace_size() asked for";
+    }
+    error = launch_decode(p, *v, smem, plan, arch, stream);
+    if (!error.empty()) return error;
+  }
+  const bool decoded = v != nullptr;
   // Query counts are device data: unless no sequence can exceed the decode kernel's
   // span, the flash forward runs too and takes the longer ones (chunked prefill).
   if (decoded && p.total_q <= plan.max_q) return "";

@@ -244,7 +244,7 @@ def test_split_kv_long_context(family, gpu_device, rng, mk):
     ref.assert_attention_close(out, exp_out, "bfloat16", lse, exp_lse)
 
 
-def test_hostile_indices_stay_in_bounds(family, gpu_device, rng, mk):
+def test_hostile_indices_stay_in_bounds(paged_family, gpu_device, rng, mk):
     """cu_seqlens and block tables are device data: garbage in them must not crash
     or read out of bounds (run under compute-sanitizer memcheck in the GPU pass)."""
     q, k, v, _, _ = mk.varlen_inputs(rng, "bfloat16", [8, 8], [8, 8], heads=2, heads_k=2,
