@@ -29,6 +29,8 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--fp8", action="store_true", help="decode over a float8_e4m3fn cache")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--pipelined", action="store_true",
+                   help="also time --repeats calls issued back to back with one sync at the end")
     args = p.parse_args()
 
     import jax
@@ -71,6 +73,12 @@ def main() -> None:
         jax.block_until_ready(fn(*inputs))
         times.append(time.perf_counter() - t0)
     print(f"{args.op}: median {statistics.median(times) * 1e6:.1f} us over {args.repeats} calls")
+    if args.pipelined:
+        t0 = time.perf_counter()
+        outs = [fn(*inputs) for _ in range(args.repeats)]
+        jax.block_until_ready(outs)
+        per = (time.perf_counter() - t0) / args.repeats
+        print(f"{args.op}: {per * 1e6:.1f} us per call, {args.repeats} calls back to back")
 
 
 if __name__ == "__main__":
