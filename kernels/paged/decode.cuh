@@ -54,6 +54,46 @@ __device__ void zero_padding_rows(const xla_attn_paged_attention_params& p, int 
   }
 }
 
+// Merges the kWarps partial softmax states of a block's query row `r` (row `row` of
+// the sequence's rows: query token row / group, head row % group) and writes element
+// d of its output: to out, or with splits to the workspace partials (and the lse at
+// d == 0) that paged_decode_combine merges. Shared by both decode kernels: s_m / s_l
+// are [kWarps][rows] (base-2 max, sum), s_o is [kWarps][rows][D] (unnormalised).
+template <typename Q, int D, int kW>
+__device__ __forceinline__ void write_merged(const Args& a, const Sequence& s, int hk, int split,
+                                             int rows, int r, int row, int d, const float* s_m,
+                                             const float* s_l, const float* s_o, float vs) {
+  const xla_attn_paged_attention_params& p = a.p;
+  float top = -XLA_ATTN_INF;
+#pragma unroll
+  for (int w = 0; w < kW; ++w) top = fmaxf(top, s_m[w * rows + r]);
+  float sum = 0.f, o = 0.f;
+  if (top != -XLA_ATTN_INF) {
+#pragma unroll
+    for (int w = 0; w < kW; ++w) {
+      const float c = fast_exp2(s_m[w * rows + r] - top);
+      sum += s_l[w * rows + r] * c;
+      o += s_o[(w * rows + r) * D + d] * c;
+    }
+  }
+  o = sum > 0.f ? o * vs / sum : 0.f;
+  const int group = p.num_heads / p.num_heads_k;
+  const int64_t q_stride = int64_t(p.num_heads) * D;
+  const int64_t q_row = s.q_start + row / group;
+  const int h = hk * group + row % group;
+  if (a.num_splits > 1) {
+    float* ws_out = static_cast<float*>(p.workspace);
+    float* ws_lse = ws_out + int64_t(a.num_splits) * p.total_q * q_stride;
+    ws_out[(int64_t(split) * p.total_q + q_row) * q_stride + h * D + d] = o;
+    if (d == 0) {
+      ws_lse[(int64_t(split) * p.num_heads + h) * p.total_q + q_row] =
+          sum > 0.f ? top * kLn2 + logf(sum) : -XLA_ATTN_INF;
+    }
+  } else {
+    static_cast<Q*>(p.out)[q_row * q_stride + h * D + d] = from_float<Q>(o);
+  }
+}
+
 }  // namespace decode
 
 template <typename Q, typename KV, int D, int kRows>
@@ -100,9 +140,6 @@ __device__ void paged_decode(const decode::Args& a) {
   const KV* k_cache = static_cast<const KV*>(p.key_cache);
   const KV* v_cache = static_cast<const KV*>(p.value_cache);
   const float ks = cache_scale<KV>(p.k_scale), vs = cache_scale<KV>(p.v_scale);
-  const bool split_out = a.num_splits > 1;
-  float* ws_out = static_cast<float*>(p.workspace);
-  float* ws_lse = ws_out + int64_t(a.num_splits) * p.total_q * q_stride;
 
   for (int r0 = 0; r0 < total_rows; r0 += kRows) {
     // Scores live in the log2 domain (exp2 is one instruction). Without softcap, q
@@ -268,32 +305,10 @@ __device__ void paged_decode(const decode::Args& a) {
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) {
-      const int r = idx / D, d = idx % D, row = r0 + r;
-      if (row >= total_rows) break;
-      float top = -XLA_ATTN_INF;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) top = fmaxf(top, s_m[w][r]);
-      float sum = 0.f, o = 0.f;
-      if (top != -XLA_ATTN_INF) {
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float c = exp2f(s_m[w][r] - top);
-          sum += s_l[w][r] * c;
-          o += s_acc[w][r][d] * c;
-        }
-      }
-      o = sum > 0.f ? o * vs / sum : 0.f;
-      const int64_t q_row = s.q_start + row / group;
-      const int h = hk * group + row % group;
-      if (split_out) {
-        ws_out[(int64_t(split) * p.total_q + q_row) * q_stride + h * D + d] = o;
-        if (d == 0) {
-          ws_lse[(int64_t(split) * p.num_heads + h) * p.total_q + q_row] =
-              sum > 0.f ? top * kLn2 + logf(sum) : -XLA_ATTN_INF;
-        }
-      } else {
-        static_cast<Q*>(p.out)[q_row * q_stride + h * D + d] = from_float<Q>(o);
-      }
+      const int r = idx / D, d = idx % D;
+      if (r0 + r >= total_rows) break;
+      write_merged<Q, D, kWarps>(a, s, hk, split, kRows, r, r0 + r, d, &s_m[0][0], &s_l[0][0],
+                                 &s_acc[0][0][0], vs);
     }
     __syncthreads();  // shared memory is reused by the next chunk
   }

@@ -306,35 +306,9 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
     }
   }
   __syncthreads();
-  const bool split_out = a.num_splits > 1;
-  float* ws_out = static_cast<float*>(p.workspace);
-  float* ws_lse = ws_out + int64_t(a.num_splits) * p.total_q * q_stride;
   for (int idx = threadIdx.x; idx < total_rows * D; idx += blockDim.x) {
-    const int r = idx / D, d = idx % D;
-    float top = -XLA_ATTN_INF;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, s_m[w * decode_sm80::kRows + r]);
-    float sum = 0.f, out = 0.f;
-    if (top != -XLA_ATTN_INF) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float c = fast_exp2(s_m[w * decode_sm80::kRows + r] - top);
-        sum += s_l[w * decode_sm80::kRows + r] * c;
-        out += s_o[(w * decode_sm80::kRows + r) * D + d] * c;
-      }
-    }
-    out = sum > 0.f ? out * vs / sum : 0.f;
-    const int64_t q_row = s.q_start + r / group;
-    const int h = hk * group + r % group;
-    if (split_out) {
-      ws_out[(int64_t(split) * p.total_q + q_row) * q_stride + h * D + d] = out;
-      if (d == 0) {
-        ws_lse[(int64_t(split) * p.num_heads + h) * p.total_q + q_row] =
-            sum > 0.f ? top * kLn2 + logf(sum) : -XLA_ATTN_INF;
-      }
-    } else {
-      static_cast<T*>(p.out)[q_row * q_stride + h * D + d] = from_float<T>(out);
-    }
+    decode::write_merged<T, D, kWarps>(a, s, hk, split, decode_sm80::kRows, idx / D, idx / D,
+                                       idx % D, s_m, s_l, s_o, vs);
   }
 }
 
