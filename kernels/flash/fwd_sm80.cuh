@@ -140,7 +140,6 @@ struct TileSoftmax {
           if (win.left >= 0) lo = int(clamp64(pos - win.left - n0, 0, kBlockN));
         }
         const float rel = float(pos - n0 - 2 * t);  // pos - key at nt = e = 0
-        float mx = -XLA_ATTN_INF;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -151,7 +150,24 @@ struct TileSoftmax {
             } else {
               x *= mul;
             }
-            if (slope != 0.f) x -= slope * fabsf(rel - float(nt * 8 + e));
+          }
+        }
+        // ALiBi in a pass of its own behind one uniform branch: tested per element, the
+        // branch cost ~4 instructions an element (BSSY/BRA/BSYNC around the FFMA).
+        if (slope != 0.f) {
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              sc[mt][nt][2 * hf + e] -= slope * fabsf(rel - float(nt * 8 + e));
+          }
+        }
+        float mx = -XLA_ATTN_INF;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = sc[mt][nt][2 * hf + e];
             if constexpr (kMask) {
               const int jl = nt * 8 + 2 * t + e;
               if (jl < lo || jl >= hi || (tile_absent && !valid[jl])) x = -XLA_ATTN_INF;
