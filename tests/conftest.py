@@ -141,6 +141,19 @@ def alibi(rng, *shape) -> np.ndarray:
     return rng.uniform(0.05, 1.0, shape).astype(np.float32)
 
 
+def decode_step_tokens(rng, tables, seq_lens, block_size, heads, heads_k, dim):
+    """One decode step of a batch with one query token per sequence: the slots of each
+    sequence's newest token (position seq_len - 1, written this step), its new bf16 K
+    and V, the queries and query_start_loc. Returns (slots, new_k, new_v, query, qsl)."""
+    seqs = len(seq_lens)
+    slots = np.array([tables[s, (n - 1) // block_size] * block_size + (n - 1) % block_size
+                      for s, n in enumerate(seq_lens)], np.int32)
+    new_k = random_array(rng, (seqs, heads_k, dim), "bfloat16")
+    new_v = random_array(rng, (seqs, heads_k, dim), "bfloat16")
+    query = random_array(rng, (seqs, heads, dim), "bfloat16")
+    return slots, new_k, new_v, query, np.arange(seqs + 1, dtype=np.int32)
+
+
 def f32(x) -> np.ndarray:
     """A float32 device scalar value as numpy (what the scales are)."""
     return np.asarray(x, np.float32)
@@ -152,4 +165,5 @@ def mk():
     return types.SimpleNamespace(
         cu_seqlens=cu_seqlens, np_dtype=np_dtype, random_array=random_array, varlen_inputs=varlen_inputs,
         paged_kv=paged_kv, fp8_cache=fp8_cache, random_bits=random_bits, alibi=alibi, f32=f32,
+        decode_step_tokens=decode_step_tokens,
         NP_DTYPES=NP_DTYPES, FLOAT_DTYPES=FLOAT_DTYPES)

@@ -256,12 +256,8 @@ def test_decode_step_moves_no_cache_copy(rng, mk):
     tables = rng.permutation(num_blocks).astype(np.int32).reshape(seqs, 4)
     seq_lens = np.array([17, 40, 5], np.int32)
     # The newest token of each sequence (position seq_len - 1) is written this step.
-    slots = np.array([tables[s, (n - 1) // block_size] * block_size + (n - 1) % block_size
-                      for s, n in enumerate(seq_lens)], np.int32)
-    new_k = mk.random_array(rng, (seqs, heads_k, dim), "bfloat16")
-    new_v = mk.random_array(rng, (seqs, heads_k, dim), "bfloat16")
-    query = mk.random_array(rng, (seqs, heads, dim), "bfloat16")
-    qsl = np.arange(seqs + 1, dtype=np.int32)
+    slots, new_k, new_v, query, qsl = mk.decode_step_tokens(rng, tables, seq_lens, block_size,
+                                                            heads, heads_k, dim)
 
     def step(kc, vc, q, k, v, slots, seq_lens, tables, qsl):
         kc, vc = xj.reshape_and_cache_flash(k, v, kc, vc, slots)

@@ -299,15 +299,11 @@ def test_cache_write_per_shard_in_place(rng, mk, mesh, partitioner, fmt):
 
 def test_decode_step_split_over_kv_heads(rng, mk, mesh):
     """Write the new tokens, then attend, in one jit with kv heads split: no collective."""
-    seqs, heads, heads_k, dim, bs = 3, 8, 4, 32, 16
+    heads, heads_k, dim, bs = 8, 4, 32, 16
     kc, vc, tables = mk.paged_kv(rng, "bfloat16", [17, 40, 5], bs, heads_k, dim)
     seq_lens = np.array([17, 40, 5], np.int32)
-    slots = np.array([tables[s, (n - 1) // bs] * bs + (n - 1) % bs
-                      for s, n in enumerate(seq_lens)], np.int32)
-    new_k = mk.random_array(rng, (seqs, heads_k, dim), "bfloat16")
-    new_v = mk.random_array(rng, (seqs, heads_k, dim), "bfloat16")
-    query = mk.random_array(rng, (seqs, heads, dim), "bfloat16")
-    qsl = np.arange(seqs + 1, dtype=np.int32)
+    slots, new_k, new_v, query, qsl = mk.decode_step_tokens(rng, tables, seq_lens, bs, heads,
+                                                            heads_k, dim)
 
     def step(kc, vc, q, k, v, slots, seq_lens, tables, qsl):
         kc, vc = xla_attn.reshape_and_cache_flash(k, v, kc, vc, slots)

@@ -22,6 +22,10 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 __device__ __forceinline__ float to_float(__nv_fp8_e4m3 x) { return float(x); }
 __device__ __forceinline__ float to_float(__nv_fp8_e5m2 x) { return float(x); }
 
+// Softmax in base 2 (exp2 is one instruction): scores carry log2 e, lse converts back.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
 // 2^x in one MUFU.EX2 (flushes denormal results to 0; 2^-inf = 0). exp2f without
 // fast-math wraps it in a range fix-up that softmax probabilities (<= 1, then rounded
 // to 16 bits or accumulated in float) do not need.

@@ -190,13 +190,17 @@ def _flash_bwd_variants():
             threads=128)
 
 
+# (query, cache) dtypes of both decode kernels: 16-bit queries over a cache of their
+# dtype or fp8 (float32 queries take the flash forward over the block table).
+DECODE_DTYPES = tuple((q, kv) for q in ("f16", "bf16") for kv in (q, "f8e4m3", "f8e5m2"))
+
+
 def _paged_decode_variants():
     # paged_attention's decode kernel (kernels/paged/decode.cuh): 16-bit queries over a
     # cache of their dtype or fp8, exact head dims, query rows per block 4 or 8 (in the
     # op name, as paged_decode_r4 / _r8): 2 x 3 x 3 x 2 = 36. float32 queries take the
     # flash forward over the block table.
-    pairs = [(q, kv) for q in ("f16", "bf16") for kv in (q, "f8e4m3", "f8e5m2")]
-    for (q, kv), d, rows in itertools.product(pairs, DECODE_HEAD_DIMS, (4, 8)):
+    for (q, kv), d, rows in itertools.product(DECODE_DTYPES, DECODE_HEAD_DIMS, (4, 8)):
         yield Variant(
             op=f"paged_decode_r{rows}", family="decode", module="paged_decode",
             kernel=f"xla_attn_paged_decode_{q}_{kv}_d{d}_r{rows}",
@@ -226,8 +230,7 @@ def _paged_decode_sm80_variants():
     # the 99 KB of shared memory sm_86/89 allow a block): 2 x 3 x 2 = 12. The launcher
     # tries it before the FMA kernel (paged_decode_r4/_r8), which keeps d256 and
     # sm_70/75.
-    pairs = [(q, kv) for q in ("f16", "bf16") for kv in (q, "f8e4m3", "f8e5m2")]
-    for (q, kv), d in itertools.product(pairs, (64, 128)):
+    for (q, kv), d in itertools.product(DECODE_DTYPES, (64, 128)):
         yield Variant(
             op="paged_decode_mma", family="decode", module="paged_decode_sm80",
             kernel=f"xla_attn_paged_decode_sm80_{q}_{kv}_d{d}",

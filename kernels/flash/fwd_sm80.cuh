@@ -23,8 +23,6 @@
 namespace xla_attn {
 namespace sm80 {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Element offset of 16-byte chunk c of row r in a row-major tile of D 16-bit elements,
 // with the chunks of each row permuted (swizzled) so that ldmatrix, which reads the

@@ -16,8 +16,6 @@
 namespace xla_attn {
 namespace decode {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // One lane's elements of a key row through the read-only path, as one 16- or 8-byte
 // load; zeros where the key has no row (present false: src is not read).
@@ -53,6 +51,46 @@ __device__ void zero_padding_rows(const xla_attn_paged_attention_params& p, int 
     out[row * p.num_heads * p.head_dim + int64_t(hk) * per_row + idx % per_row] = from_float<Q>(0.f);
   }
 }
+
+// Where a decode block (blockIdx: split, kv head, sequence) works, shared by both decode
+// kernels: its sequence, the GQA group's query rows (row r: query token r / group,
+// head r % group) and this split's keys [k_lo, k_hi), cut in whole steps of `step`
+// keys. locate() returns false for a block with nothing to do (the padding sequence
+// index zeroes the rows past the last real sequence first; spans longer than max_q
+// belong to the flash forward).
+struct DecodeBlock {
+  Sequence s;
+  Window win;
+  KeyRows keys;
+  int split, hk, b, group, total_rows, k_lo, k_hi;
+
+  template <typename Q>
+  __device__ __forceinline__ bool locate(const Args& a, int step) {
+    const xla_attn_paged_attention_params& p = a.p;
+    split = blockIdx.x;
+    hk = blockIdx.y;
+    b = blockIdx.z;
+    const int n = real_batch(p.max_num_seqs, p.num_seqs);
+    if (b >= n) {
+      if (b == p.max_num_seqs && split == 0) zero_padding_rows<Q>(p, hk, n);
+      return false;
+    }
+    s = sequence(b, p.query_start_loc, nullptr, p.seq_lens, p.total_q,
+                 int64_t(p.num_blocks) * p.block_size, true,
+                 int64_t(p.max_blocks_per_seq) * p.block_size);
+    if (s.num_q == 0 || s.num_q > a.max_q) return false;
+    group = p.num_heads / p.num_heads_k;
+    total_rows = s.num_q * group;
+    win = Window{p.sliding_window > 0 ? p.sliding_window - 1 : -1, 0};
+    int lo, hi;
+    win.key_range(0, s.num_q - 1, s.offset, s.num_k, &lo, &hi);
+    const int per = ((hi - lo + a.num_splits - 1) / a.num_splits + step - 1) / step * step;
+    k_lo = min(hi, lo + split * per);
+    k_hi = min(hi, k_lo + per);
+    keys = KeyRows{p.block_tables, p.max_blocks_per_seq, p.block_size, p.num_blocks};
+    return true;
+  }
+};
 
 // Merges the kWarps partial softmax states of a block's query row `r` (row `row` of
 // the sequence's rows: query token row / group, head row % group) and writes element
@@ -101,7 +139,6 @@ __device__ void paged_decode(const decode::Args& a) {
   using namespace decode;
   constexpr int kElems = elems_per_lane();        // cache elements per lane and key
   constexpr int kLanes = lanes_per_key(D);
-  constexpr int kUnroll = unroll(kRows);
   constexpr int kKeysPerWarp = 32 / kLanes;       // keys one warp-wide load covers
   constexpr int kKeysPerStep = kKeysPerWarp * kUnroll;
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0,
@@ -112,27 +149,13 @@ __device__ void paged_decode(const decode::Args& a) {
   __shared__ float s_acc[kWarps][kRows][D];
 
   const xla_attn_paged_attention_params& p = a.p;
-  const int split = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  const int n = real_batch(p.max_num_seqs, p.num_seqs);
-  if (b >= n) {
-    if (b == p.max_num_seqs && split == 0) zero_padding_rows<Q>(p, hk, n);
-    return;
-  }
-  const int64_t max_k = int64_t(p.max_blocks_per_seq) * p.block_size;
-  const Sequence s = sequence(b, p.query_start_loc, nullptr, p.seq_lens, p.total_q,
-                              int64_t(p.num_blocks) * p.block_size, true, max_k);
-  if (s.num_q == 0 || s.num_q > a.max_q) return;
-  const int group = p.num_heads / p.num_heads_k;
-  const int total_rows = s.num_q * group;  // row r: query token r / group, head r % group
-  const Window win{p.sliding_window > 0 ? p.sliding_window - 1 : -1, 0};
-  int lo, hi;
-  win.key_range(0, s.num_q - 1, s.offset, s.num_k, &lo, &hi);
-  // This split's share, rounded to whole warp steps.
-  const int per = ((hi - lo + a.num_splits - 1) / a.num_splits + kKeysPerStep - 1) /
-                  kKeysPerStep * kKeysPerStep;
-  const int k_lo = min(hi, lo + split * per), k_hi = min(hi, k_lo + per);
-
-  const KeyRows keys{p.block_tables, p.max_blocks_per_seq, p.block_size, p.num_blocks};
+  DecodeBlock blk;
+  if (!blk.locate<Q>(a, kKeysPerStep)) return;  // the split's share in whole warp steps
+  const int split = blk.split, hk = blk.hk, b = blk.b, group = blk.group;
+  const int total_rows = blk.total_rows, k_lo = blk.k_lo, k_hi = blk.k_hi;
+  const Sequence& s = blk.s;
+  const Window& win = blk.win;
+  const KeyRows& keys = blk.keys;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int part = lane % kLanes;  // this lane's 16 bytes of a key: dims part * kElems + e
   const int64_t q_stride = int64_t(p.num_heads) * D;

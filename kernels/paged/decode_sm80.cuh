@@ -107,29 +107,16 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
                                      (kFp8 ? 2 * 2 * decode_sm80::tile_elems(D) : 0));
 
   const xla_attn_paged_attention_params& p = a.p;
-  const int split = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  const int n = real_batch(p.max_num_seqs, p.num_seqs);
-  if (b >= n) {
-    if (b == p.max_num_seqs && split == 0) decode::zero_padding_rows<T>(p, hk, n);
-    return;
-  }
-  const Sequence s = sequence(b, p.query_start_loc, nullptr, p.seq_lens, p.total_q,
-                              int64_t(p.num_blocks) * p.block_size, true,
-                              int64_t(p.max_blocks_per_seq) * p.block_size);
-  if (s.num_q == 0 || s.num_q > a.max_q) return;
-  const int group = p.num_heads / p.num_heads_k;
-  const int total_rows = s.num_q * group;  // row r: query token r / group, head r % group
-  const Window win{p.sliding_window > 0 ? p.sliding_window - 1 : -1, 0};
-  int lo, hi;
-  win.key_range(0, s.num_q - 1, s.offset, s.num_k, &lo, &hi);
-  // This split's share of the keys, in whole tiles.
-  const int per = ((hi - lo + a.num_splits - 1) / a.num_splits + kTileKeys - 1) / kTileKeys *
-                  kTileKeys;
-  const int k_lo = min(hi, lo + split * per), k_hi = min(hi, k_lo + per);
+  decode::DecodeBlock blk;
+  if (!blk.locate<T>(a, kTileKeys)) return;  // the split's share in whole tiles
+  const int split = blk.split, hk = blk.hk, b = blk.b, group = blk.group;
+  const int total_rows = blk.total_rows, k_lo = blk.k_lo, k_hi = blk.k_hi;
+  const Sequence& s = blk.s;
+  const Window& win = blk.win;
+  const KeyRows& keys = blk.keys;
   const int tiles = (k_hi - k_lo + kTileKeys - 1) / kTileKeys;
   const int my_tiles = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;
 
-  const KeyRows keys{p.block_tables, p.max_blocks_per_seq, p.block_size, p.num_blocks};
   const int64_t q_stride = int64_t(p.num_heads) * D;
   const KV* kc = static_cast<const KV*>(p.key_cache) + int64_t(hk) * D;  // + row * kv_stride
   const KV* vc = static_cast<const KV*>(p.value_cache) + int64_t(hk) * D;

@@ -21,7 +21,7 @@ constexpr int kWarps = 4;   // 128 threads: each warp streams its own keys, merg
 // blocks an SM; at two, 4-row blocks fit 168 and three blocks (12 warps), so the SM
 // has 48 KB in flight, 2x what Little's law asks for at 3 TB/s and ~1 us latency on
 // 132 SMs.
-XLA_ATTN_HOST_DEVICE constexpr int unroll(int) { return 2; }
+constexpr int kUnroll = 2;
 
 // Cache elements one lane reads per key: 8 (16 bytes of a 16-bit cache, 8 of fp8).
 // Eight, not 16 bytes, for fp8: 16 fp8 elements per lane doubled the lane's query and

@@ -35,22 +35,22 @@ def info(as_json: bool = False) -> int:
     gpu: dict = {"arch": arch} if arch > 0 else {"none": why}
     if arch > 0:
         chosen = {}
-        # paged_attention: decode spans over an fp8 cache (the tensor-core decode kernel,
-        # else the FMA one for a GQA group of 4); longer spans take the flash_fwd kernels.
-        for name, op, d0, d1 in (("reshape_and_cache_flash", "reshape_and_cache_flash", "bfloat16", "bfloat16"),
-                                 ("flash_attn_varlen", "flash_fwd", "bfloat16", "bfloat16"),
-                                 ("flash backward", "flash_bwd_dq", "bfloat16", "bfloat16"),
-                                 ("paged_attention decode", "paged_decode_mma", "bfloat16",
-                                  "float8_e4m3fn"),
-                                 ("paged_attention decode", "paged_decode_r4", "bfloat16",
-                                  "float8_e4m3fn"),
-                                 ("paged_attention prefill", "flash_fwd", "bfloat16", "float8_e4m3fn")):
-            if name in chosen and not chosen[name].startswith("none"):
-                continue  # an earlier, preferred kernel serves it
-            try:
-                chosen[name] = _native.select_variant(op, d0, d1, 128, arch)
-            except RuntimeError as e:
-                chosen[name] = f"none ({str(e).split('; this build has')[0]})"
+        # name, the dispatcher ops it tries in order, dtypes. paged_attention: decode spans
+        # over an fp8 cache (the tensor-core decode kernel, else the FMA one for a GQA
+        # group of 4); longer spans take the flash_fwd kernels.
+        for name, ops, d0, d1 in (
+                ("reshape_and_cache_flash", ("reshape_and_cache_flash",), "bfloat16", "bfloat16"),
+                ("flash_attn_varlen", ("flash_fwd",), "bfloat16", "bfloat16"),
+                ("flash backward", ("flash_bwd_dq",), "bfloat16", "bfloat16"),
+                ("paged_attention decode", ("paged_decode_mma", "paged_decode_r4"), "bfloat16",
+                 "float8_e4m3fn"),
+                ("paged_attention prefill", ("flash_fwd",), "bfloat16", "float8_e4m3fn")):
+            for op in ops:
+                try:
+                    chosen[name] = _native.select_variant(op, d0, d1, 128, arch)
+                    break
+                except RuntimeError as e:
+                    chosen[name] = f"none ({str(e).split('; this build has')[0]})"
         gpu["kernels"] = chosen
     runtime = build["cuda_runtime"]
     report = {
