@@ -18,12 +18,15 @@
 //   2(l % 4) and 2(l % 4) + 1 (the matrix transposed).
 //
 // The flash kernels give lane l of ldsm_x4 / ldsm_x4_trans the address of row (l & 15),
-// column block (l >> 4) of a 16 x 16 tile, so the four matrices are, in register order:
+// column block (l >> 4) of a 16 x 16 tile for A operands and transposed B operands, so
+// the four matrices are, in register order:
 //   r[0] = rows 0-7, cols 0-7    r[1] = rows 8-15, cols 0-7
 //   r[2] = rows 0-7, cols 8-15   r[3] = rows 8-15, cols 8-15
-// which is exactly an A fragment, two B fragments of a K-major tile ({r0, r2} for rows
-// 0-7, {r1, r3} for rows 8-15; non-transposed), or, transposed, two B fragments of an
-// N-major tile ({r0, r1} for cols 0-7, {r2, r3} for cols 8-15).
+// which is exactly an A fragment or, transposed, two B fragments of an N-major tile
+// ({r0, r1} for cols 0-7, {r2, r3} for cols 8-15). B operands of a K-major tile read as
+// stored take row (l & 7) + 8 (l >> 4), column block (l >> 3) & 1 instead, giving
+// {r0, r1} = the B fragment of rows 0-7 and {r2, r3} that of rows 8-15 (LdsmLane in
+// flash/fwd_sm80.cuh).
 #pragma once
 #include "common/vec.cuh"
 
@@ -40,6 +43,15 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // block, L2 keeps them for the other row blocks of the head).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+// The same with the destination as a shared-window address (smem_addr), so that a
+// loop over a tile adds constant offsets to one 32-bit address instead of converting a
+// generic pointer per copy; `valid` false writes 16 zero bytes and reads nothing (the
+// copy's source size 0), with no branch and no separate shared store.
+__device__ __forceinline__ void cp_async_16_or_zero(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
                : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {

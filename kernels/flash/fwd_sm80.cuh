@@ -45,16 +45,27 @@ __device__ __forceinline__ int swz(int r, int c) {
   return r * D + 8 * (c ^ swz_term<D>(r));
 }
 
-// ldmatrix addressing (common/mma_sm80.cuh): lane l reads row r0 + (l & 15), logical
-// chunk 2 kk + (l >> 4) of a swizzled tile. r0 is a multiple of 16, so the swizzle term
-// is swz_term(l & 15); and since bit 0 of 2 kk is clear, (2 kk + (l >> 4)) ^ x =
-// 2 kk ^ ((l >> 4) ^ x): the lane's part is computed once, a k-step XORs a constant.
+// ldmatrix addressing (common/mma_sm80.cuh). Lane l reads row r(l) of a 16-row block
+// and column block cb(l) (0 or 1) of its k-step, in a swizzled tile:
+// - A operands and transposed B operands (Q; V in P V): r = l & 15, cb = l >> 4;
+// - B operands read as stored (K in Q K^T): r = (l & 7) + 8 (l >> 4), cb = (l >> 3) & 1,
+//   so that registers {r0, r1} are the B fragment of rows 0-7 and {r2, r3} that of rows
+//   8-15. mma.sync takes a B fragment as a register pair; with the A order ({r0, r2},
+//   {r1, r3}) ptxas copied two registers per mma (ncu, d128: 1.6 IMAD.MOV per HMMA).
+// Block rows are multiples of 16, so the swizzle term is swz_term(r(l)); and since bit
+// 0 of 2 kk is clear, (2 kk + cb) ^ x = 2 kk ^ (cb ^ x): the lane's part is computed
+// once, a k-step XORs a constant.
 template <int D>
 struct LdsmLane {
   uint32_t row, chunk;  // byte offsets of the lane's row and (k-step 0) chunk
-  __device__ __forceinline__ explicit LdsmLane(int lane)
-      : row(uint32_t(lane & 15) * 2 * D),
-        chunk(16u * uint32_t((lane >> 4) ^ swz_term<D>(lane & 15))) {}
+  __device__ __forceinline__ LdsmLane(int r, int cb)
+      : row(uint32_t(r) * 2 * D), chunk(16u * uint32_t(cb ^ swz_term<D>(r))) {}
+  static __device__ __forceinline__ LdsmLane a_operand(int lane) {
+    return LdsmLane(lane & 15, lane >> 4);
+  }
+  static __device__ __forceinline__ LdsmLane b_operand(int lane) {
+    return LdsmLane((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
+  }
   // Shared-window address in the tile at `base` (bytes), block row r0, k-step kk.
   __device__ __forceinline__ uint32_t operator()(uint32_t base, int r0, int kk) const {
     return base + uint32_t(r0 * 2 * D) + row + (chunk ^ uint32_t(32 * kk));
@@ -96,6 +107,56 @@ __device__ __forceinline__ void load_tile(T* tile, const Src& src, int hd) {
   }
 }
 
+// Copies kRows consecutive K/V rows (`stride` elements apart; not paged, 16-byte
+// aligned) into a swizzled kRows x D tile with 16-byte cp.async, zeros in rows >=
+// rows_valid and columns >= hd. Built once per block: a thread's chunks sit a fixed
+// number of rows apart in both memories, so a tile costs per chunk one 64-bit pointer
+// add and a cp.async at a constant shared offset. load_tile's per-key lookup (the
+// paged path) cost ~25 instructions a chunk, 37% of the d128 loop's issued
+// instructions in ncu on an H100.
+template <int D, int kRows>
+struct RowCopier {
+  static constexpr int kChunks = D / 8, kIters = kRows * kChunks / kThreads;
+  static_assert(kRows * kChunks % kThreads == 0, "tile chunks must spread evenly over the block");
+  // Rows between a thread's chunks. D = 96 (12 chunks a row) gives a thread chunks of
+  // different columns; its offsets are computed per chunk instead.
+  static constexpr int kRowStep = kThreads % kChunks == 0 ? kThreads / kChunks : 0;
+  int r0, c0;
+  int64_t src0;             // element offset of the thread's first chunk from the tile's row 0
+  uint32_t dst_even, dst_odd;  // byte offsets of chunk 0 / 1 minus kRowStep rows
+
+  __device__ __forceinline__ RowCopier(int64_t stride)
+      : r0(threadIdx.x / kChunks), c0(threadIdx.x % kChunks), src0(r0 * stride + c0 * 8) {
+    // swz's term repeats every 8 rows (D / 8 a multiple of 8) or depends on bits 1-2
+    // of the row (D = 32): with kRowStep a multiple of 4 it alternates with the
+    // chunk's parity at most.
+    dst_even = 2u * uint32_t(swz<D>(r0, c0));
+    dst_odd = 2u * uint32_t(swz<D>(r0 + kRowStep, c0) - kRowStep * D);
+  }
+
+  template <typename T>
+  __device__ __forceinline__ void copy(uint32_t tile, const T* src, int64_t stride, int rows_valid,
+                                       int hd) const {
+    const T* from = src + src0;
+    const bool col_ok = c0 * 8 < hd;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      if constexpr (kRowStep > 0) {
+        static_assert(kRowStep % 4 == 0, "the swizzle must repeat with the chunk parity");
+        const uint32_t dst = tile + (it % 2 ? dst_odd : dst_even) + 2u * it * kRowStep * D;
+        const bool ok = col_ok && r0 + it * kRowStep < rows_valid;
+        cp_async_16_or_zero(dst, ok ? from : src, ok);
+        from += kRowStep * stride;
+      } else {
+        const int idx = threadIdx.x + it * kThreads, r = idx / kChunks, c = idx % kChunks;
+        const bool ok = c * 8 < hd && r < rows_valid;
+        cp_async_16_or_zero(tile + 2u * uint32_t(swz<D>(r, c)), ok ? src + r * stride + c * 8 : src,
+                            ok);
+      }
+    }
+  }
+};
+
 // vec_src(it, r) may index per-thread arrays by `it`; scalar_src(it, r) must use r only.
 template <int D, int kRows, typename T, typename VecSrc, typename ScalarSrc>
 __device__ __forceinline__ void load_tile(T* tile, const VecSrc& vec_src,
@@ -113,13 +174,22 @@ __device__ __forceinline__ void load_tile(T* tile, const VecSrc& vec_src,
 // copies of the body), so the common tile (unmasked, no softcap) carries no
 // per-element compare or tanh: as run-time branches the d128 loop issued ~16
 // instructions per mma.
+//
+// Scores stay in the units of the dot product as long as possible: with a positive
+// score factor, max and scale commute, so the factor is applied inside the exponent
+// (one FFMA per element, exp2(x * exp_mul - m), instead of an FMUL and an FADD:
+// 64 instructions a tile and lane at d128). Softcap, or a factor <= 0, transforms the
+// scores first (prescale) and exp_mul is 1. ALiBi is subtracted in the same units.
 struct TileSoftmax {
   int64_t pos0;        // key position of the lane's first row (m-tile 0, hf 0)
   int n0, n_hi, t;     // tile's first key; end of the block's key range; lane % 4
   Window win;
-  float mul, cap, slope;  // base-2 score transform (see flash_fwd_sm80)
-  bool tile_absent;       // some key of the tile has no page: check valid[]
-  const uint8_t* valid;   // [block_n] 1 where the key has a K/V row
+  float mul, cap;      // base-2 score transform (see flash_fwd_sm80)
+  float exp_mul;       // base-2 score = (transformed) x * exp_mul
+  float slope;         // ALiBi slope in the units of x: slope * log2 e / exp_mul
+  bool prescale;       // no softcap, but a factor <= 0: x *= mul first
+  bool tile_absent;    // some key of the tile has no page: check valid[]
+  const uint8_t* valid;  // [block_n] 1 where the key has a K/V row
 
   template <bool kMask, bool kCap, int kMT, int kNT, int kDT>
   __device__ __forceinline__ void run(float (&sc)[kMT][kNT][4], float (&m)[kMT][2],
@@ -138,15 +208,13 @@ struct TileSoftmax {
           if (win.left >= 0) lo = int(clamp64(pos - win.left - n0, 0, kBlockN));
         }
         const float rel = float(pos - n0 - 2 * t);  // pos - key at nt = e = 0
+        if (kCap || prescale) {
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
+          for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = sc[mt][nt][2 * hf + e];
-            if constexpr (kCap) {
-              x = cap * fast_tanh(x * mul);
-            } else {
-              x *= mul;
+            for (int e = 0; e < 2; ++e) {
+              float& x = sc[mt][nt][2 * hf + e];
+              x = kCap ? cap * fast_tanh(x * mul) : x * mul;
             }
           }
         }
@@ -175,7 +243,7 @@ struct TileSoftmax {
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[mt][hf], mx);
+        const float m_new = fmaxf(m[mt][hf], mx * exp_mul);  // exp_mul > 0: -inf stays
         // A row with no visible key so far keeps m = -inf; exponents then use 0 so
         // that every term is exp2(-inf) = 0 instead of NaN.
         const float m_use = m_new == -XLA_ATTN_INF ? 0.f : m_new;
@@ -187,7 +255,7 @@ struct TileSoftmax {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = sc[mt][nt][2 * hf + e];
-            x = fast_exp2(x - m_use);
+            x = fast_exp2(fmaf(x, exp_mul, -m_use));
             sum += x;
           }
         }
@@ -246,9 +314,14 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
   const float cap = p.softcap * kLog2e;
   const float slope =
       (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] : 0.f) * kLog2e;
+  // The exponent's factor (TileSoftmax): the score factor itself where it is positive
+  // and there is no softcap, else 1 after a first pass applies them.
+  const bool prescale = !softcap && !(mul > 0.f);
+  const float exp_mul = softcap || prescale ? 1.f : mul;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const LdsmLane<D> lds(lane);
+  const LdsmLane<D> lds = LdsmLane<D>::a_operand(lane);  // Q, V
+  const LdsmLane<D> lds_k = LdsmLane<D>::b_operand(lane);
   const uint32_t sQ_addr = smem_addr(sQ), sK_addr = smem_addr(sK), sV_addr = smem_addr(sV);
   float o[kMT][kDT][4] = {};  // O rows g (elements 0, 1) and g + 8 (2, 3) of each m-tile
   float m[kMT][2], l[kMT][2];  // running max (base 2) and this lane's partial row sum
@@ -261,9 +334,19 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
   // Issues tile j's K and V copies into `stage` as two cp.async groups (K first, so
   // S = Q K^T can start before V lands) and records which keys exist. Returns whether
   // a key inside [n_lo, n_hi) has no page (the tile then takes the masked path).
+  const RowCopier<D, kBlockN> kv_copier(kv_stride);
   auto issue_kv = [&](int j, int stage) {
     constexpr int kIters = kBlockN * kChunks / kThreads;
     const int n0 = n_lo + j * kBlockN;
+    if (!paged && vec) {  // contiguous rows: every key exists
+      const int64_t first = (s.k_start + n0) * kv_stride;
+      const uint32_t at = 2u * uint32_t(stage * smem_kv_elems(D));
+      kv_copier.copy(sK_addr + at, k + first, kv_stride, n_hi - n0, hd);
+      cp_async_commit();
+      kv_copier.copy(sV_addr + at, v + first, kv_stride, n_hi - n0, hd);
+      cp_async_commit();
+      return false;
+    }
     int64_t rows[kIters];
     bool absent = false;
 #pragma unroll
@@ -335,19 +418,20 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
           ldsm_x4(a[mt], lds(sQ_addr, mt * kWarpRows + warp * 16, kk));
 #pragma unroll
         for (int nn = 0; nn < kBlockN / 16; ++nn) {
-          uint32_t bk[4];  // keys nn*16 + 0..7: {bk0, bk2}; keys nn*16 + 8..15: {bk1, bk3}
-          ldsm_x4(bk, lds(tK, nn * 16, kk));
+          uint32_t bk[4];  // keys nn*16 + 0..7: {bk0, bk1}; keys nn*16 + 8..15: {bk2, bk3}
+          ldsm_x4(bk, lds_k(tK, nn * 16, kk));
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            mma_16816<T>(sc[mt][2 * nn], a[mt], bk[0], bk[2]);
-            mma_16816<T>(sc[mt][2 * nn + 1], a[mt], bk[1], bk[3]);
+            mma_16816<T>(sc[mt][2 * nn], a[mt], bk[0], bk[1]);
+            mma_16816<T>(sc[mt][2 * nn + 1], a[mt], bk[2], bk[3]);
           }
         }
       }
 
       // Online softmax (TileSoftmax below), its masking and softcap compile-time flags.
       const TileSoftmax tsm{int64_t(m0) + warp * 16 + g + s.offset, n0, n_hi, t, win, mul,
-                            cap, slope, tile_absent, sValid + stage * kBlockN};
+                            cap, exp_mul, slope / exp_mul, prescale, tile_absent,
+                            sValid + stage * kBlockN};
       if (mask) {
         softcap ? tsm.run<true, true>(sc, m, l, o) : tsm.run<true, false>(sc, m, l, o);
       } else {

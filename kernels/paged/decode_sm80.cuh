@@ -178,7 +178,7 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
 
   float o[kDT][4] = {};
   float m[2] = {-XLA_ATTN_INF, -XLA_ATTN_INF}, l[2] = {0.f, 0.f};
-  const LdsmLane<D> lds(lane);
+  const LdsmLane<D> lds_k = LdsmLane<D>::b_operand(lane), lds_v = LdsmLane<D>::a_operand(lane);
   if (my_tiles > 0) issue(0);
   cp_async_commit();
   if (my_tiles > 1) issue(1);
@@ -207,10 +207,10 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
     float sc[2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t bk[4];  // keys 0..7: {bk0, bk2}; keys 8..15: {bk1, bk3}
-      ldsm_x4(bk, lds(tk, 0, kk));
-      mma_16816<Tc>(sc[0], qa[kk], bk[0], bk[2]);
-      mma_16816<Tc>(sc[1], qa[kk], bk[1], bk[3]);
+      uint32_t bk[4];  // keys 0..7: {bk0, bk1}; keys 8..15: {bk2, bk3}
+      ldsm_x4(bk, lds_k(tk, 0, kk));
+      mma_16816<Tc>(sc[0], qa[kk], bk[0], bk[1]);
+      mma_16816<Tc>(sc[1], qa[kk], bk[2], bk[3]);
     }
     // Online softmax of rows g (c0, c1) and g + 8 (c2, c3) over keys 8 nt + 2t + e.
 #pragma unroll
@@ -259,7 +259,7 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
 #pragma unroll
     for (int dd = 0; dd < D / 16; ++dd) {
       uint32_t bv[4];  // dims 16dd + 0..7: {bv0, bv1}; 16dd + 8..15: {bv2, bv3}
-      ldsm_x4_trans(bv, lds(tv, 0, dd));
+      ldsm_x4_trans(bv, lds_v(tv, 0, dd));
       mma_16816<Tc>(o[2 * dd], pa, bv[0], bv[1]);
       mma_16816<Tc>(o[2 * dd + 1], pa, bv[2], bv[3]);
     }
