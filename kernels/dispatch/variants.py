@@ -98,6 +98,7 @@ MODULES = (
     Module("flash_fwd_portable", "flash/fwd_portable.cuh", min_arch=70,
            ptx_archs=("70", "80", "89")),
     Module("flash_fwd_sm80", "flash/fwd_sm80.cuh", min_arch=80, ptx_archs=("80",)),
+    Module("flash_bwd_sm80", "flash/bwd_sm80.cuh", min_arch=80, ptx_archs=("80",)),
     Module("flash_bwd_portable", "flash/bwd_portable.cuh", min_arch=70, ptx_archs=("70", "80")),
     Module("paged_decode", "paged/decode.cuh", min_arch=70, ptx_archs=("70", "80", "89")),
     Module("paged_decode_sm80", "paged/decode_sm80.cuh", min_arch=80, ptx_archs=("80", "89")),
@@ -190,6 +191,34 @@ def _flash_bwd_variants():
             threads=128)
 
 
+# Head-dim buckets of the sm80 backward (kernels/flash/sm80_tiles.h, kBwdMaxHeadDim):
+# the forward's up to 128, from 2 (D of every row fits in the dq buffer as scratch).
+SM80_BWD_HEAD_BUCKETS = ((2, 32),) + SM80_HEAD_BUCKETS[1:4]
+
+
+def _flash_bwd_sm80_variants():
+    # Tensor-core backward (kernels/flash/bwd_sm80.cuh), f16 and bf16: dq and dkdv per
+    # bucket, 2 x 2 x 4 = 16, plus the D = dO . O pass per dtype: 2. Preferred over the
+    # portable kernels wherever they match.
+    features = ALL_FEATURES & ~FEATURES["paged"] & ~FEATURES["fp8"]
+    for kind, dt, (lo, hi) in itertools.product(("dq", "dkdv"), ("f16", "bf16"),
+                                                SM80_BWD_HEAD_BUCKETS):
+        yield Variant(
+            op=f"flash_bwd_{kind}", family="sm80", module="flash_bwd_sm80",
+            kernel=f"xla_attn_flash_bwd_{kind}_sm80_{dt}_d{hi}",
+            template=f"xla_attn::flash_bwd_{kind}_sm80<{DTYPES[dt][1]}, {hi}>",
+            params="xla_attn_flash_bwd_params", dtype0=dt, dtype1=dt, head_dim_min=lo,
+            head_dim_max=hi, features=features, priority=10, threads=128)
+    for dt in ("f16", "bf16"):
+        yield Variant(
+            op="flash_bwd_delta", family="sm80", module="flash_bwd_sm80",
+            kernel=f"xla_attn_flash_bwd_delta_sm80_{dt}",
+            template=f"xla_attn::flash_bwd_delta_sm80<{DTYPES[dt][1]}>",
+            params="xla_attn_flash_bwd_params", dtype0=dt, dtype1=dt,
+            head_dim_min=SM80_BWD_HEAD_BUCKETS[0][0], head_dim_max=SM80_BWD_HEAD_BUCKETS[-1][1],
+            features=features, priority=10, threads=128)
+
+
 # (query, cache) dtypes of both decode kernels: 16-bit queries over a cache of their
 # dtype or fp8 (float32 queries take the flash forward over the block table).
 DECODE_DTYPES = tuple((q, kv) for q in ("f16", "bf16") for kv in (q, "f8e4m3", "f8e5m2"))
@@ -241,5 +270,6 @@ def _paged_decode_sm80_variants():
 
 VARIANTS = (tuple(_reshape_and_cache_flash_variants()) + tuple(_flash_fwd_variants())
             + tuple(_flash_fwd_sm80_variants())
+            + tuple(_flash_bwd_sm80_variants())
             + tuple(_flash_bwd_variants()) + tuple(_paged_decode_variants())
             + tuple(_paged_decode_sm80_variants()))

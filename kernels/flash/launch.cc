@@ -119,19 +119,58 @@ std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t st
   return dispatch::launch(c, combine_grid, 0, stream, &p);
 }
 
+// The sm80 backward (flash/bwd_sm80.cuh): D = dO . O into the dq buffer, then dk/dv
+// (which read D), then dq (which overwrites it). Every kernel of `family` sm80.
+std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::VariantEntry& dkdv,
+                            unsigned features, int arch, cudaStream_t stream) {
+  if (dkdv.head_dim_max != sm80::head_bucket(p.head_dim)) {
+    return std::string("flash_bwd: ") + dkdv.kernel + " does not match sm80::head_bucket(" +
+           std::to_string(p.head_dim) + "); kernels/dispatch/variants.py and "
+           "kernels/flash/sm80_tiles.h disagree";
+  }
+  if (reinterpret_cast<uintptr_t>(p.dq) % alignof(float) != 0) {
+    return "flash_bwd: dq must be 4-byte aligned (the sm80 backward keeps dO . O in it)";
+  }
+  std::string error;
+  const dispatch::VariantEntry* dq = dispatch::select(
+      {"flash_bwd_dq", p.dtype, p.dtype, p.head_dim, features, arch}, &error);
+  const dispatch::VariantEntry* delta = dispatch::select(
+      {"flash_bwd_delta", p.dtype, p.dtype, p.head_dim, features, arch}, &error);
+  if (!dq || !delta) return error;
+  if (std::strcmp(dq->family, "sm80") != 0 || std::strcmp(delta->family, "sm80") != 0) {
+    return "flash_bwd: the sm80 dkdv kernel needs the sm80 dq and delta kernels";
+  }
+  constexpr int kB = sm80::kBwdBlock;
+  const size_t smem = size_t(sm80::bwd_smem_bytes(sm80::head_bucket(p.head_dim)));
+  if (p.total_q > 0) {  // 16 rows per delta block (its 4 warps x 4 rows)
+    const dim3 grid(unsigned((p.total_q + 15) / 16), p.num_heads);
+    if (!(error = dispatch::launch(*delta, grid, 0, stream, &p)).empty()) return error;
+  }
+  const dim3 dkdv_grid((std::max(p.max_seqlen_k, 1) + kB - 1) / kB, p.num_heads_k, p.batch + 1);
+  if (!(error = dispatch::launch(dkdv, dkdv_grid, smem, stream, &p)).empty()) return error;
+  const dim3 dq_grid((std::max(p.max_seqlen_q, 1) + kB - 1) / kB, p.num_heads, p.batch + 1);
+  return dispatch::launch(*dq, dq_grid, smem, stream, &p);
+}
+
 std::string launch_cuda(const xla_attn_flash_bwd_params& p, cudaStream_t stream) {
   if (p.batch + 1 > 65535) return "flash_bwd: at most 65534 sequences per call";
   if (p.total_q == 0 && p.total_k == 0) return "";
-  const int block = portable::bwd_block_m(portable::head_bucket(p.head_dim));
   const unsigned f = features_of(p);
+  std::string error;
+  const int arch = dispatch::current_arch(&error);
+  if (arch < 0) return error;
+  const dispatch::VariantEntry* dkdv = dispatch::select(
+      {"flash_bwd_dkdv", p.dtype, p.dtype, p.head_dim, f, arch}, &error);
+  if (!dkdv) return error;
+  if (std::strcmp(dkdv->family, "sm80") == 0) return launch_bwd_sm80(p, *dkdv, f, arch, stream);
+  const int block = portable::bwd_block_m(portable::head_bucket(p.head_dim));
   // dq: (query tiles, heads, batch + padding block); dk/dv: (key tiles, kv heads, ...).
   const dim3 dq_grid((std::max(p.max_seqlen_q, 1) + block - 1) / block, p.num_heads, p.batch + 1);
   const dim3 dkdv_grid((std::max(p.max_seqlen_k, 1) + block - 1) / block, p.num_heads_k,
                        p.batch + 1);
-  const dispatch::Query dq{"flash_bwd_dq", p.dtype, p.dtype, p.head_dim, f, 0};
-  const dispatch::Query dkdv{"flash_bwd_dkdv", p.dtype, p.dtype, p.head_dim, f, 0};
-  std::string error = dispatch::launch(dq, dq_grid, 0, stream, &p);
-  return error.empty() ? dispatch::launch(dkdv, dkdv_grid, 0, stream, &p) : error;
+  const dispatch::Query dq{"flash_bwd_dq", p.dtype, p.dtype, p.head_dim, f, arch};
+  error = dispatch::launch(dq, dq_grid, 0, stream, &p);
+  return error.empty() ? dispatch::launch(*dkdv, dkdv_grid, 0, stream, &p) : error;
 }
 
 }  // namespace xla_attn

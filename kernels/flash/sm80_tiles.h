@@ -54,6 +54,19 @@ static_assert(smem_bytes(32) <= kMaxSmemOptin && smem_bytes(64) <= kMaxSmemOptin
                   smem_bytes(256) <= kMaxSmemOptin,
               "an sm80 tile set exceeds the 99 KB of shared memory sm_86/89 allow a block");
 
+// Backward (flash/bwd_sm80.cuh): 64-row x 64-key tiles, 4 warps of 16 rows each.
+// Head dims up to 128: at 256 a warp's dK and dV accumulators alone would take 256
+// registers a lane (the portable family takes those). Shared memory: one tile each of
+// the two tensors a block keeps (Q, dO or K, V), kStages of the two it streams, and
+// kStages of the per-row lse and delta floats; d128: 97 KB, within sm_86/89's 99 KB.
+constexpr int kBwdBlock = 64;
+constexpr int kBwdMaxHeadDim = 128;
+XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
+  return 2 * kBwdBlock * d * (2 + 2 * kStages) + 2 * kStages * kBwdBlock * 4;
+}
+static_assert(bwd_smem_bytes(kBwdMaxHeadDim) <= kMaxSmemOptin,
+              "the sm80 backward's tiles exceed the 99 KB sm_86/89 allow a block");
+
 // Split-KV (flash-decoding), as in portable_tiles.h but for this family's occupancy:
 // at 24..96 KB of shared memory (and <= 255 registers) at least two blocks fit an SM
 // of an A100 (164 KB) or H100 (228 KB), so 2 x 132 blocks fill an H100. A constant,

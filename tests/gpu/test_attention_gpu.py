@@ -49,11 +49,14 @@ def paged_family(request, monkeypatch):
     return request.param
 
 
-def _skip_outside(family, dtype="bfloat16", backward=False):
-    """The sm80 family (tensor cores) has f16 and bf16 forwards only: float32, fp8 and
-    the backward run on the portable family, which the "portable" param tests."""
-    if family == "sm80" and (backward or dtype not in ("float16", "bfloat16")):
-        pytest.skip("sm80 family: f16/bf16 forward only (f32, fp8 and the backward are portable's)")
+def _skip_outside(family, dtype="bfloat16", backward=False, head_dim=128):
+    """The sm80 family (tensor cores) has f16 and bf16 kernels only, its backward head
+    dims up to 128: float32, fp8 and the rest run on the portable family, which the
+    "portable" param tests."""
+    if family == "sm80" and dtype not in ("float16", "bfloat16"):
+        pytest.skip("sm80 family: f16/bf16 only (f32 and fp8 are portable's)")
+    if family == "sm80" and backward and head_dim > 128:
+        pytest.skip("sm80 backward: head dims up to 128 (larger ones are portable's)")
 
 
 def _on(device, *arrays):
@@ -153,29 +156,46 @@ def test_flash_forward_fp8(family, gpu_device, rng, mk):
 
 @pytest.mark.parametrize("feature", ["plain", "causal", "causal_window_softcap", "alibi_batch"])
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_flash_backward(family, gpu_device, rng, mk, dtype, head_dim, feature):
-    _skip_outside(family, dtype, backward=True)
-    lens_q, lens_k = [29, 0, 48, 3], [40, 6, 48, 1]
-    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=4, heads_k=2,
-                                           head_dim=head_dim, pad_q=2, pad_k=3)
+    _skip_outside(family, dtype, backward=True, head_dim=head_dim)
+    _check_backward(gpu_device, rng, mk, dtype, head_dim, feature, [29, 0, 48, 3], [40, 6, 48, 1],
+                    heads=4, heads_k=2)
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap", "alibi"])
+@pytest.mark.parametrize("head_dim", [20, 64, 96, 100, 128])
+def test_flash_backward_long(family, gpu_device, rng, mk, head_dim, feature):
+    """Several 64-row and 64-key tiles per sequence (the sm80 backward's), GQA 4, tile
+    skipping and edge masks in both of its passes, head dims padded to a bucket and
+    unaligned rows (20, 100: element loads and stores)."""
+    _skip_outside(family, "bfloat16", backward=True, head_dim=head_dim)
+    _check_backward(gpu_device, rng, mk, "bfloat16", head_dim, feature, [300, 129, 1, 64, 0],
+                    [300, 200, 333, 64, 70], heads=4, heads_k=1)
+
+
+def _check_backward(device, rng, mk, dtype, head_dim, feature, lens_q, lens_k, heads, heads_k):
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=heads,
+                                           heads_k=heads_k, head_dim=head_dim, pad_q=2, pad_k=3)
     dout = mk.random_array(rng, q.shape, dtype)
-    kw = _feature_kwargs(rng, mk, feature, 4, len(lens_q))
+    kw = _feature_kwargs(rng, mk, feature, heads, len(lens_q))
     exp = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, None, **kw)
-    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
+    kw_dev = {key: (jax.device_put(val, device) if isinstance(val, np.ndarray) else val)
               for key, val in kw.items()}
 
     def grads(q, k, v, cq, ck, do):
-        f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cq, ck, 48, 48, **kw_dev)  # noqa: E731
+        f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cq, ck, max(lens_q),  # noqa: E731
+                                                 max(lens_k), **kw_dev)
         return jax.vjp(f, q, k, v)[1](do)
 
-    got = jax.jit(grads)(*_on(gpu_device, q, k, v, cu_q, cu_k, dout))
+    got = jax.jit(grads)(*_on(device, q, k, v, cu_q, cu_k, dout))
     for name, g, e in zip(("dq", "dk", "dv"), got, exp):
         err = ref.rel_error(g, e)
         assert err < ref.BOUNDS[dtype], f"{name}: {err:.3g}"
     # Padding rows of dq and keys outside every sequence: exactly zero.
     assert np.all(np.asarray(got[0], np.float64)[cu_q[-1]:] == 0)
     assert np.all(np.asarray(got[1], np.float64)[cu_k[-1]:] == 0)
+    assert np.all(np.asarray(got[2], np.float64)[cu_k[-1]:] == 0)
 
 
 @pytest.mark.parametrize("shape", ["g4-d128-bs16", "g8-d64-bs64", "g2-d256-bs32"])
@@ -253,6 +273,10 @@ def test_hostile_indices_stay_in_bounds(paged_family, gpu_device, rng, mk):
     cu_k = np.array([-(2**31), 7, 2**30], np.int32)
     out = jax.jit(lambda *a: xj.flash_attn_varlen(*a, 8, 8))(*_on(gpu_device, q, k, v, cu_q, cu_k))
     jax.block_until_ready(out)
+    grads = jax.jit(lambda q, k, v, cq, ck: jax.grad(
+        lambda q, k, v: xj.flash_attn_varlen(q, k, v, cq, ck, 8, 8).astype(jnp.float32).sum(),
+        argnums=(0, 1, 2))(q, k, v))(*_on(gpu_device, q, k, v, cu_q, cu_k))
+    jax.block_until_ready(grads)
     kc, vc, table = mk.paged_kv(rng, "bfloat16", [40], 16, heads_k=2, head_dim=64)
     table[0, :] = rng.choice(np.array([-1, 10**6, 2**31 - 1, 0], np.int32), table.shape[1])
     out = jax.jit(lambda q, kc, vc, sl, bt, qs: xj.paged_attention(q, kc, vc, sl, bt, qs, 0.1))(

@@ -1,0 +1,466 @@
+// Flash attention backward, sm80 family (sm_80 .. sm_90; f16 and bf16, head dims <= 128):
+// the portable backward's split (flash/bwd_portable.cuh) on tensor cores (mma.sync
+// m16n8k16, f32 accumulators), P recomputed from the forward's softmax_lse:
+//
+//   flash_bwd_delta_sm80  D_i = dO_i . O_i, as f32 [num_heads, total_q] at the start of
+//                         the dq buffer (scratch: dq is written last; hd >= 2 makes it
+//                         fit, and the op has no workspace result).
+//   flash_bwd_dkdv_sm80   one block per (64 keys, kv head): K and V stay in shared
+//                         memory while 64-row tiles of Q, dO, lse and D of every query
+//                         head of the GQA group stream through two stages. Per tile and
+//                         warp (16 keys): S^T = K Q^T and dP^T = V dO^T, then
+//                         P^T = exp(S^T - lse), dS^T = P^T (dP^T - D) softcap'(S), and
+//                         dV += P^T dO, dK += dS^T Q with P^T, dS^T straight from the
+//                         accumulators as A fragments (see fwd_sm80.cuh).
+//   flash_bwd_dq_sm80     one block per (64 query rows, head): Q, dO stay, K/V tiles
+//                         stream; S = Q K^T, dP = dO V^T, dS, dQ += dS K. It computes its
+//                         rows' D itself, so overwriting the scratch is safe.
+//
+// Every gradient element has one owner (no atomics, deterministic); the price is S and
+// dP computed twice: 7 matrix products per tile pair where FA2's atomic dQ takes 5.
+#pragma once
+#include "flash/bwd_portable.cuh"
+#include "flash/fwd_sm80.cuh"
+
+namespace xla_attn {
+namespace sm80 {
+
+// A kBwdBlock x D tile of rows [0, valid) of a row-major tensor (`stride` elements
+// between rows), zeros elsewhere: 16-byte cp.async where rows are 16-byte aligned,
+// element loads otherwise.
+template <int D, typename T>
+__device__ __forceinline__ void bwd_load(uint32_t tile_addr, T* tile,
+                                         const RowCopier<D, kBwdBlock>& copier, const T* src,
+                                         int64_t stride, int valid, int hd, bool vec) {
+  if (vec) {
+    copier.copy(tile_addr, src, stride, valid, hd);
+  } else {
+    load_tile<D, kBwdBlock, false>(
+        tile, [&](int, int r) { return r < valid ? src + r * stride : nullptr; }, hd);
+  }
+}
+
+// The score in base 2 and its softcap derivative: s2 = x * mul, or with softcap
+// s2 = cap * tanh(x * mul) and d(score)/d(x * scale) = 1 - tanh^2; ALiBi subtracts
+// slope * |pos - key| (base 2 as well) and has no derivative factor.
+template <bool kCap>
+__device__ __forceinline__ float bwd_score(float x, float mul, float cap, float* grad) {
+  if constexpr (kCap) {
+    const float th = fast_tanh(x * mul);
+    *grad = 1.f - th * th;
+    return cap * th;
+  } else {
+    *grad = 1.f;
+    return x * mul;
+  }
+}
+
+struct BwdScore {
+  float mul, cap, slope;  // base-2 factors (see bwd_score); slope: ALiBi * log2 e
+  bool capped;
+};
+
+// Writes a warp's 16 rows of a D-wide f32 accumulator (rows g, g + 8 of each n8 tile,
+// times `factor`) to rows [row0, row0 + 16) of a [rows, heads, hd] tensor, rows <
+// rows_valid only: staged as T in the warp's own rows of a swizzled tile (no other
+// warp reads them any more) for 16-byte stores, or element stores where unaligned.
+template <typename T, int D>
+__device__ __forceinline__ void bwd_store_rows(T* stage, const float (&acc)[D / 8][4], float factor,
+                                               T* dst, int64_t stride, int rows_valid, int hd,
+                                               bool vec) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      *reinterpret_cast<uint32_t*>(stage + swz<D>(g + 8 * hf, dt) + 2 * t) =
+          pack2<T>(acc[dt][2 * hf] * factor, acc[dt][2 * hf + 1] * factor);
+    }
+  }
+  __syncwarp();
+  constexpr int kChunks = D / 8;
+  for (int idx = lane; idx < 16 * kChunks; idx += 32) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    if (r >= rows_valid || c * 8 >= hd) continue;
+    const uint4 x = *reinterpret_cast<const uint4*>(stage + swz<D>(r, c));
+    T* out = dst + r * stride + c * 8;
+    if (vec) {
+      *reinterpret_cast<uint4*>(out) = x;
+    } else {
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+      unsigned short* o16 = reinterpret_cast<unsigned short*>(out);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (c * 8 + e < hd) o16[e] = (unsigned short)(w[e / 2] >> (16 * (e & 1)));
+      }
+    }
+  }
+}
+
+// Whether rows of hd elements at these tensors take 16-byte copies.
+template <typename... P>
+__device__ __forceinline__ bool bwd_vec(int hd, const P*... ptrs) {
+  return hd % 8 == 0 && (aligned_to<P>(ptrs, 16) && ...);
+}
+
+}  // namespace sm80
+
+// D_i = dO_i . O_i into the dq buffer's scratch: 4 warps x 4 rows per block, grid
+// (ceil(total_q / 16), num_heads).
+template <typename T>
+__device__ void flash_bwd_delta_sm80(const xla_attn_flash_bwd_params& p) {
+  const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, hd = p.head_dim;
+  const int64_t stride = int64_t(p.num_heads) * hd;
+  const T* dout = static_cast<const T*>(p.dout) + int64_t(h) * hd;
+  const T* out = static_cast<const T*>(p.out) + int64_t(h) * hd;
+  float* delta = static_cast<float*>(p.dq) + int64_t(h) * p.total_q;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t row = int64_t(blockIdx.x) * 16 + warp * 4 + r;
+    if (row >= p.total_q) break;  // warp-uniform
+    const float d = row_delta(dout + row * stride, out + row * stride, hd);
+    if (lane == 0) delta[row] = d;
+  }
+}
+
+template <typename T, int D>
+__device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
+  using namespace sm80;
+  constexpr int kB = kBwdBlock;
+  constexpr int kNT = kB / 8;  // n8 tiles of S^T (query rows) per warp
+  constexpr int kDT = D / 8;   // n8 tiles of dK, dV
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + kB * D;
+  T* sQ = sV + kB * D;                 // [kStages][kB x D]
+  T* sdO = sQ + kStages * kB * D;      // [kStages][kB x D]
+  float* sLse = reinterpret_cast<float*>(sdO + kStages * kB * D);  // [kStages][kB], natural log
+  float* sDelta = sLse + kStages * kB;                              // [kStages][kB]
+
+  const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
+  if (b >= p.batch) {  // keys past the last sequence get zero dk, dv
+    if (blockIdx.x == 0) {
+      const int64_t first = clamp64(p.cu_seqlens_k[p.batch], 0, p.total_k);
+      zero_rows<T>(p.dk, first, p.total_k, p.num_heads_k, hk, hd);
+      zero_rows<T>(p.dv, first, p.total_k, p.num_heads_k, hk, hd);
+    }
+    return;
+  }
+  const Sequence s = bwd_sequence(p, b);
+  const int n0 = blockIdx.x * kB;
+  if (n0 >= s.num_k_rows) return;
+  const int group = p.num_heads / p.num_heads_k;
+  const int64_t q_stride = int64_t(p.num_heads) * hd, kv_stride = int64_t(p.num_heads_k) * hd;
+  const T* k = static_cast<const T*>(p.k) + (s.k_start + n0) * kv_stride + int64_t(hk) * hd;
+  const T* v = static_cast<const T*>(p.v) + (s.k_start + n0) * kv_stride + int64_t(hk) * hd;
+  const float* delta_g = static_cast<const float*>(p.dq);  // flash_bwd_delta_sm80's scratch
+  const Window win{p.window_left, p.window_right};
+  const bool vec = bwd_vec(hd, p.q, p.k, p.v, p.dout, p.dk, p.dv);
+  const int keys_valid = s.num_k - n0;  // keys past seqused_k take no part
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const LdsmLane<D> lds_a = LdsmLane<D>::a_operand(lane), lds_b = LdsmLane<D>::b_operand(lane);
+  const uint32_t sK_addr = smem_addr(sK), sV_addr = smem_addr(sV), sQ_addr = smem_addr(sQ),
+                 sdO_addr = smem_addr(sdO), sLse_addr = smem_addr(sLse),
+                 sDelta_addr = smem_addr(sDelta);
+  const RowCopier<D, kB> kv_copier(kv_stride), q_copier(q_stride);
+  bwd_load<D>(sK_addr, sK, kv_copier, k, kv_stride, keys_valid, hd, vec);
+  bwd_load<D>(sV_addr, sV, kv_copier, v, kv_stride, keys_valid, hd, vec);
+  cp_async_commit();
+
+  int i_lo = 0, i_hi = 0;
+  if (keys_valid > 0) win.row_range(n0, min(n0 + kB, s.num_k) - 1, s.offset, s.num_q, &i_lo, &i_hi);
+  const int per_head = (i_hi - i_lo + kB - 1) / kB;
+  const int tiles = per_head * group;  // (query head of the group, row tile) pairs
+
+  // Tile `it` (head hk * group + it / per_head, rows i0 ...) into `stage`: Q and dO
+  // rows, their lse and D (zeros past i_hi: those rows then add nothing).
+  auto issue = [&](int it, int stage) {
+    const int h = hk * group + it / per_head, i0 = i_lo + (it % per_head) * kB;
+    const int64_t first = s.q_start + i0;
+    const T* q = static_cast<const T*>(p.q) + first * q_stride + int64_t(h) * hd;
+    const T* dout = static_cast<const T*>(p.dout) + first * q_stride + int64_t(h) * hd;
+    const uint32_t at = 2u * uint32_t(stage * kB * D);
+    bwd_load<D>(sQ_addr + at, sQ + stage * kB * D, q_copier, q, q_stride, i_hi - i0, hd, vec);
+    bwd_load<D>(sdO_addr + at, sdO + stage * kB * D, q_copier, dout, q_stride, i_hi - i0, hd, vec);
+    if (threadIdx.x < 2 * kB / 4) {  // 16 threads: lse, 16: D, 4 rows each (16 bytes)
+      const int part = threadIdx.x / (kB / 4), r = 4 * (threadIdx.x % (kB / 4));
+      const float* src = (part == 0 ? p.softmax_lse : delta_g) + int64_t(h) * p.total_q + first + r;
+      const uint32_t dst = (part == 0 ? sLse_addr : sDelta_addr) + 4u * uint32_t(stage * kB + r);
+      // 4 floats when all 4 rows exist and the source is 16-byte aligned, else one by one
+      if (i0 + r + 4 <= i_hi && aligned_to<float>(src, 16)) {
+        cp_async_16_or_zero(dst, src, true);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool ok = i0 + r + e < i_hi;
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4u * e),
+                       "l"(ok ? src + e : src - r), "r"(ok ? 4 : 0)
+                       : "memory");
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+  float dk[kDT][4] = {}, dv[kDT][4] = {};
+  int64_t h_prev = -1;
+  BwdScore sc_mod{};
+  if (tiles > 0) issue(0, 0);
+  for (int it = 0; it < tiles; ++it) {
+    const int stage = it % kStages, h = hk * group + it / per_head;
+    const int i0 = i_lo + (it % per_head) * kB;
+    cp_async_wait<0>();  // K, V and tile `it`
+    __syncthreads();     // ... for every thread; tile it - 1 fully consumed
+    if (it + 1 < tiles) issue(it + 1, (it + 1) % kStages);
+    if (h != h_prev) {
+      h_prev = h;
+      const bool capped = p.softcap > 0.f;
+      sc_mod = BwdScore{capped ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e,
+                        p.softcap * kLog2e,
+                        (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h]
+                                        : 0.f) * kLog2e,
+                        capped};
+    }
+
+    // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys x 64 rows.
+    const uint32_t tQ = sQ_addr + 2u * uint32_t(stage * kB * D);
+    const uint32_t tdO = sdO_addr + 2u * uint32_t(stage * kB * D);
+    float st[kNT][4] = {}, dpt[kNT][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      ldsm_x4(ak, lds_a(sK_addr, warp * 16, kk));
+      ldsm_x4(av, lds_a(sV_addr, warp * 16, kk));
+#pragma unroll
+      for (int nn = 0; nn < kB / 16; ++nn) {
+        uint32_t bq[4], bo[4];  // rows nn*16 + 0..7: {b0, b1}; + 8..15: {b2, b3}
+        ldsm_x4(bq, lds_b(tQ, nn * 16, kk));
+        mma_16816<T>(st[2 * nn], ak, bq[0], bq[1]);
+        mma_16816<T>(st[2 * nn + 1], ak, bq[2], bq[3]);
+        ldsm_x4(bo, lds_b(tdO, nn * 16, kk));
+        mma_16816<T>(dpt[2 * nn], av, bo[0], bo[1]);
+        mma_16816<T>(dpt[2 * nn + 1], av, bo[2], bo[3]);
+      }
+    }
+
+    // P^T and dS^T. Element (hf, nt, e): key n0 + warp*16 + g + 8 hf, row i0 + 8 nt + 2t + e.
+    const bool mask =
+        n0 + kB > s.num_k || i0 + kB > i_hi ||
+        (win.right >= 0 && int64_t(n0) + kB - 1 > int64_t(i0) + s.offset + win.right) ||
+        (win.left >= 0 && int64_t(n0) < int64_t(i0) + kB - 1 + s.offset - win.left);
+    const float* lse_t = sLse + stage * kB;
+    const float* del_t = sDelta + stage * kB;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const int col = nt * 8 + 2 * t;
+      const float2 lse2 = *reinterpret_cast<const float2*>(lse_t + col);
+      const float2 del2 = *reinterpret_cast<const float2*>(del_t + col);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int key = n0 + warp * 16 + g + 8 * hf;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = i0 + col + e;
+          const int64_t pos = int64_t(i) + s.offset;
+          float grad;
+          float x = sc_mod.capped ? bwd_score<true>(st[nt][2 * hf + e], sc_mod.mul, sc_mod.cap, &grad)
+                                  : bwd_score<false>(st[nt][2 * hf + e], sc_mod.mul, sc_mod.cap, &grad);
+          if (sc_mod.slope != 0.f) x -= sc_mod.slope * float(pos > key ? pos - key : key - pos);
+          float pr = fast_exp2(x - (e ? lse2.y : lse2.x) * kLog2e);
+          if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
+          st[nt][2 * hf + e] = pr;
+          dpt[nt][2 * hf + e] = pr * (dpt[nt][2 * hf + e] - (e ? del2.y : del2.x)) * grad;
+        }
+      }
+    }
+
+    // dV += P^T dO, dK += dS^T Q: k-steps of 16 query rows, B fragments by ldmatrix.trans.
+#pragma unroll
+    for (int kk = 0; kk < kB / 16; ++kk) {
+      const uint32_t ap[4] = {pack2<T>(st[2 * kk][0], st[2 * kk][1]),
+                              pack2<T>(st[2 * kk][2], st[2 * kk][3]),
+                              pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                              pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+      const uint32_t ad[4] = {pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]),
+                              pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
+                              pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                              pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+#pragma unroll
+      for (int dd = 0; dd < D / 16; ++dd) {
+        uint32_t bo[4], bq[4];  // dims dd*16 + 0..7: {b0, b1}; + 8..15: {b2, b3}
+        ldsm_x4_trans(bo, lds_a(tdO, kk * 16, dd));
+        mma_16816<T>(dv[2 * dd], ap, bo[0], bo[1]);
+        mma_16816<T>(dv[2 * dd + 1], ap, bo[2], bo[3]);
+        ldsm_x4_trans(bq, lds_a(tQ, kk * 16, dd));
+        mma_16816<T>(dk[2 * dd], ad, bq[0], bq[1]);
+        mma_16816<T>(dk[2 * dd + 1], ad, bq[2], bq[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();  // K and V when there was no tile
+  __syncthreads();     // other threads' copies into this warp's rows of sK / sV too
+
+  // Keys [num_k, num_k_rows) own gradient rows too: they saw nothing, so theirs are 0.
+  const int rows = min(16, s.num_k_rows - n0 - warp * 16);
+  const int64_t off = (s.k_start + n0 + warp * 16) * kv_stride + int64_t(hk) * hd;
+  bwd_store_rows<T, D>(sK + warp * 16 * D, dk, p.softmax_scale, static_cast<T*>(p.dk) + off,
+                       kv_stride, rows, hd, vec);
+  bwd_store_rows<T, D>(sV + warp * 16 * D, dv, 1.f, static_cast<T*>(p.dv) + off, kv_stride, rows,
+                       hd, vec);
+}
+
+template <typename T, int D>
+__device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
+  using namespace sm80;
+  constexpr int kB = kBwdBlock;
+  constexpr int kNT = kB / 8;  // n8 tiles of S (keys) per warp
+  constexpr int kDT = D / 8;   // n8 tiles of dQ
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sdO = sQ + kB * D;
+  T* sK = sdO + kB * D;             // [kStages][kB x D]
+  T* sV = sK + kStages * kB * D;    // [kStages][kB x D]
+
+  const int h = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
+  if (b >= p.batch) {  // the padding block: rows past the last sequence get zero dq
+    if (blockIdx.x == 0)
+      zero_rows<T>(p.dq, clamp64(p.cu_seqlens_q[p.batch], 0, p.total_q), p.total_q, p.num_heads, h, hd);
+    return;
+  }
+  const Sequence s = bwd_sequence(p, b);
+  const int m0 = blockIdx.x * kB;
+  if (m0 >= s.num_q) return;
+  const int hk = h / (p.num_heads / p.num_heads_k);
+  const int64_t q_stride = int64_t(p.num_heads) * hd, kv_stride = int64_t(p.num_heads_k) * hd;
+  const int64_t row0 = s.q_start + m0;
+  const T* q = static_cast<const T*>(p.q) + row0 * q_stride + int64_t(h) * hd;
+  const T* dout = static_cast<const T*>(p.dout) + row0 * q_stride + int64_t(h) * hd;
+  const T* out = static_cast<const T*>(p.out) + row0 * q_stride + int64_t(h) * hd;
+  const T* k = static_cast<const T*>(p.k) + s.k_start * kv_stride + int64_t(hk) * hd;
+  const T* v = static_cast<const T*>(p.v) + s.k_start * kv_stride + int64_t(hk) * hd;
+  const Window win{p.window_left, p.window_right};
+  const bool vec = bwd_vec(hd, p.q, p.k, p.v, p.dout, p.dq);
+  const int rows_valid = s.num_q - m0;
+  int n_lo, n_hi;
+  const int m_last = min(m0 + kB, s.num_q) - 1;
+  win.key_range(m0, m_last, s.offset, s.num_k, &n_lo, &n_hi);
+  const int tiles = (n_hi - n_lo + kB - 1) / kB;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const LdsmLane<D> lds_a = LdsmLane<D>::a_operand(lane), lds_b = LdsmLane<D>::b_operand(lane);
+  const uint32_t sQ_addr = smem_addr(sQ), sdO_addr = smem_addr(sdO), sK_addr = smem_addr(sK),
+                 sV_addr = smem_addr(sV);
+  const RowCopier<D, kB> q_copier(q_stride), kv_copier(kv_stride);
+  bwd_load<D>(sQ_addr, sQ, q_copier, q, q_stride, rows_valid, hd, vec);
+  bwd_load<D>(sdO_addr, sdO, q_copier, dout, q_stride, rows_valid, hd, vec);
+  cp_async_commit();
+  auto issue = [&](int j, int stage) {
+    const int n0 = n_lo + j * kB;
+    const uint32_t at = 2u * uint32_t(stage * kB * D);
+    bwd_load<D>(sK_addr + at, sK + stage * kB * D, kv_copier, k + n0 * kv_stride, kv_stride,
+                n_hi - n0, hd, vec);
+    bwd_load<D>(sV_addr + at, sV + stage * kB * D, kv_copier, v + n0 * kv_stride, kv_stride,
+                n_hi - n0, hd, vec);
+    cp_async_commit();
+  };
+  if (tiles > 0) issue(0, 0);
+
+  // This lane's rows g and g + 8 of the warp: lse (base 2) and D = dO . O, the latter
+  // computed here (the dkdv pass's scratch under dq is being overwritten by now).
+  float lse2[2], delta[2] = {0.f, 0.f};
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = warp * 16 + g + 8 * hf;
+    lse2[hf] = r < rows_valid ? p.softmax_lse[int64_t(h) * p.total_q + row0 + r] * kLog2e
+                              : XLA_ATTN_INF;
+  }
+  for (int r = 0; r < 16; ++r) {
+    const int rr = min(warp * 16 + r, rows_valid - 1);  // clamped rows are never written
+    const float d = row_delta(dout + rr * q_stride, out + rr * q_stride, hd);
+    if (r == g) delta[0] = d;
+    if (r == g + 8) delta[1] = d;
+  }
+  const bool capped = p.softcap > 0.f;
+  const BwdScore mod{capped ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e,
+                     p.softcap * kLog2e,
+                     (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] : 0.f) *
+                         kLog2e,
+                     capped};
+
+  float dq[kDT][4] = {};
+  for (int j = 0; j < tiles; ++j) {
+    const int n0 = n_lo + j * kB, stage = j % kStages;
+    cp_async_wait<0>();  // (Q, dO,) K_j, V_j
+    __syncthreads();
+    if (j + 1 < tiles) issue(j + 1, (j + 1) % kStages);
+
+    // S = Q K^T and dP = dO V^T for the warp's 16 rows x 64 keys.
+    const uint32_t tK = sK_addr + 2u * uint32_t(stage * kB * D);
+    const uint32_t tV = sV_addr + 2u * uint32_t(stage * kB * D);
+    float sc[kNT][4] = {}, dp[kNT][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t aq[4], ao[4];
+      ldsm_x4(aq, lds_a(sQ_addr, warp * 16, kk));
+      ldsm_x4(ao, lds_a(sdO_addr, warp * 16, kk));
+#pragma unroll
+      for (int nn = 0; nn < kB / 16; ++nn) {
+        uint32_t bk[4], bv[4];  // keys nn*16 + 0..7: {b0, b1}; + 8..15: {b2, b3}
+        ldsm_x4(bk, lds_b(tK, nn * 16, kk));
+        mma_16816<T>(sc[2 * nn], aq, bk[0], bk[1]);
+        mma_16816<T>(sc[2 * nn + 1], aq, bk[2], bk[3]);
+        ldsm_x4(bv, lds_b(tV, nn * 16, kk));
+        mma_16816<T>(dp[2 * nn], ao, bv[0], bv[1]);
+        mma_16816<T>(dp[2 * nn + 1], ao, bv[2], bv[3]);
+      }
+    }
+
+    // dS in place of S. Element (hf, nt, e): row m0 + warp*16 + g + 8 hf, key n0 + 8 nt + 2t + e.
+    const bool mask =
+        n0 + kB > n_hi ||
+        (win.right >= 0 && int64_t(n0) + kB - 1 > int64_t(m0) + s.offset + win.right) ||
+        (win.left >= 0 && int64_t(n0) < int64_t(m_last) + s.offset - win.left);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int64_t pos = int64_t(m0) + warp * 16 + g + 8 * hf + s.offset;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = n0 + nt * 8 + 2 * t + e;
+          float grad;
+          float x = mod.capped ? bwd_score<true>(sc[nt][2 * hf + e], mod.mul, mod.cap, &grad)
+                               : bwd_score<false>(sc[nt][2 * hf + e], mod.mul, mod.cap, &grad);
+          if (mod.slope != 0.f) x -= mod.slope * float(pos > key ? pos - key : key - pos);
+          float pr = fast_exp2(x - lse2[hf]);
+          if (mask && !(key < n_hi && win.visible(pos, key))) pr = 0.f;
+          sc[nt][2 * hf + e] = pr * (dp[nt][2 * hf + e] - delta[hf]) * grad;
+        }
+      }
+    }
+
+    // dQ += dS K: k-steps of 16 keys, K's B fragments by ldmatrix.trans.
+#pragma unroll
+    for (int kk = 0; kk < kB / 16; ++kk) {
+      const uint32_t a[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]),
+                             pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
+                             pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                             pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int dd = 0; dd < D / 16; ++dd) {
+        uint32_t bk[4];  // dims dd*16 + 0..7: {b0, b1}; + 8..15: {b2, b3}
+        ldsm_x4_trans(bk, lds_a(tK, kk * 16, dd));
+        mma_16816<T>(dq[2 * dd], a, bk[0], bk[1]);
+        mma_16816<T>(dq[2 * dd + 1], a, bk[2], bk[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();  // Q and dO when there was no tile
+  __syncthreads();     // other threads' copies into this warp's rows of sQ too
+  bwd_store_rows<T, D>(sQ + warp * 16 * D, dq, p.softmax_scale,
+                       static_cast<T*>(p.dq) + (row0 + warp * 16) * q_stride + int64_t(h) * hd,
+                       q_stride, min(16, rows_valid - warp * 16), hd, vec);
+}
+
+}  // namespace xla_attn
