@@ -245,34 +245,53 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
     }
 
     // P^T and dS^T. Element (hf, nt, e): key n0 + warp*16 + g + 8 hf, row i0 + 8 nt + 2t + e.
+    // The common tile (inside every mask, no softcap, no ALiBi) is a copy of its own:
+    // per element an FFMA, the exp2, an FADD and an FMUL (the general body tests the
+    // mask, softcap and ALiBi per element, ~20 instructions).
     const bool mask =
         n0 + kB > s.num_k || i0 + kB > i_hi ||
         (win.right >= 0 && int64_t(n0) + kB - 1 > int64_t(i0) + s.offset + win.right) ||
         (win.left >= 0 && int64_t(n0) < int64_t(i0) + kB - 1 + s.offset - win.left);
     const float* lse_t = sLse + stage * kB;
     const float* del_t = sDelta + stage * kB;
+    // Called with a constant: inlined, each call is a copy specialised on it.
+    auto probs = [&](const bool kFast) {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      const int col = nt * 8 + 2 * t;
-      const float2 lse2 = *reinterpret_cast<const float2*>(lse_t + col);
-      const float2 del2 = *reinterpret_cast<const float2*>(del_t + col);
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int col = nt * 8 + 2 * t;
+        const float2 lse = *reinterpret_cast<const float2*>(lse_t + col);
+        const float2 del = *reinterpret_cast<const float2*>(del_t + col);
+        const float lse2[2] = {lse.x * kLog2e, lse.y * kLog2e}, dl[2] = {del.x, del.y};
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int key = n0 + warp * 16 + g + 8 * hf;
+        for (int hf = 0; hf < 2; ++hf) {
+          const int key = n0 + warp * 16 + g + 8 * hf;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int i = i0 + col + e;
-          const int64_t pos = int64_t(i) + s.offset;
-          float grad;
-          float x = sc_mod.capped ? bwd_score<true>(st[nt][2 * hf + e], sc_mod.mul, sc_mod.cap, &grad)
-                                  : bwd_score<false>(st[nt][2 * hf + e], sc_mod.mul, sc_mod.cap, &grad);
-          if (sc_mod.slope != 0.f) x -= sc_mod.slope * float(pos > key ? pos - key : key - pos);
-          float pr = fast_exp2(x - (e ? lse2.y : lse2.x) * kLog2e);
-          if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
-          st[nt][2 * hf + e] = pr;
-          dpt[nt][2 * hf + e] = pr * (dpt[nt][2 * hf + e] - (e ? del2.y : del2.x)) * grad;
+          for (int e = 0; e < 2; ++e) {
+            float& x = st[nt][2 * hf + e];
+            float& d = dpt[nt][2 * hf + e];
+            if (kFast) {
+              x = fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]));
+              d = x * (d - dl[e]);
+            } else {
+              const int i = i0 + col + e;
+              const int64_t pos = int64_t(i) + s.offset;
+              float grad;
+              float y = sc_mod.capped ? bwd_score<true>(x, sc_mod.mul, sc_mod.cap, &grad)
+                                      : bwd_score<false>(x, sc_mod.mul, sc_mod.cap, &grad);
+              y -= sc_mod.slope * float(pos > key ? pos - key : key - pos);
+              float pr = fast_exp2(y - lse2[e]);
+              if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
+              x = pr;
+              d = pr * (d - dl[e]) * grad;
+            }
+          }
         }
       }
+    };
+    if (!mask && !sc_mod.capped && sc_mod.slope == 0.f) {
+      probs(true);
+    } else {
+      probs(false);
     }
 
     // dV += P^T dO, dK += dS^T Q: k-steps of 16 query rows, B fragments by ldmatrix.trans.
@@ -416,28 +435,43 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
       }
     }
 
-    // dS in place of S. Element (hf, nt, e): row m0 + warp*16 + g + 8 hf, key n0 + 8 nt + 2t + e.
+    // dS in place of S. Element (hf, nt, e): row m0 + warp*16 + g + 8 hf, key n0 + 8 nt + 2t + e;
+    // the common tile a copy of its own, as in the dkdv kernel.
     const bool mask =
         n0 + kB > n_hi ||
         (win.right >= 0 && int64_t(n0) + kB - 1 > int64_t(m0) + s.offset + win.right) ||
         (win.left >= 0 && int64_t(n0) < int64_t(m_last) + s.offset - win.left);
+    // Called with a constant: inlined, each call is a copy specialised on it.
+    auto grads = [&](const bool kFast) {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int64_t pos = int64_t(m0) + warp * 16 + g + 8 * hf + s.offset;
+      for (int hf = 0; hf < 2; ++hf) {
+        const int64_t pos = int64_t(m0) + warp * 16 + g + 8 * hf + s.offset;
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
+        for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = n0 + nt * 8 + 2 * t + e;
-          float grad;
-          float x = mod.capped ? bwd_score<true>(sc[nt][2 * hf + e], mod.mul, mod.cap, &grad)
-                               : bwd_score<false>(sc[nt][2 * hf + e], mod.mul, mod.cap, &grad);
-          if (mod.slope != 0.f) x -= mod.slope * float(pos > key ? pos - key : key - pos);
-          float pr = fast_exp2(x - lse2[hf]);
-          if (mask && !(key < n_hi && win.visible(pos, key))) pr = 0.f;
-          sc[nt][2 * hf + e] = pr * (dp[nt][2 * hf + e] - delta[hf]) * grad;
+          for (int e = 0; e < 2; ++e) {
+            float& x = sc[nt][2 * hf + e];
+            const float d = dp[nt][2 * hf + e];
+            if (kFast) {
+              x = fast_exp2(fmaf(x, mod.mul, -lse2[hf])) * (d - delta[hf]);
+            } else {
+              const int key = n0 + nt * 8 + 2 * t + e;
+              float grad;
+              float y = mod.capped ? bwd_score<true>(x, mod.mul, mod.cap, &grad)
+                                   : bwd_score<false>(x, mod.mul, mod.cap, &grad);
+              y -= mod.slope * float(pos > key ? pos - key : key - pos);
+              float pr = fast_exp2(y - lse2[hf]);
+              if (mask && !(key < n_hi && win.visible(pos, key))) pr = 0.f;
+              x = pr * (d - delta[hf]) * grad;
+            }
+          }
         }
       }
+    };
+    if (!mask && !mod.capped && mod.slope == 0.f) {
+      grads(true);
+    } else {
+      grads(false);
     }
 
     // dQ += dS K: k-steps of 16 keys, K's B fragments by ldmatrix.trans.
