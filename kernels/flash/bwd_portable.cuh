@@ -23,6 +23,14 @@ __device__ void zero_rows(void* grad, int64_t first, int64_t rows, int heads, in
   }
 }
 
+// dk and dv rows of kv head hk past the last sequence's keys: zeros.
+template <typename T>
+__device__ void zero_key_padding(const xla_attn_flash_bwd_params& p, int hk) {
+  const int64_t first = clamp64(p.cu_seqlens_k[p.batch], 0, p.total_k);
+  zero_rows<T>(p.dk, first, p.total_k, p.num_heads_k, hk, p.head_dim);
+  zero_rows<T>(p.dv, first, p.total_k, p.num_heads_k, hk, p.head_dim);
+}
+
 // D_i = dO_i . O_i for a row, by one warp.
 template <typename T>
 __device__ __forceinline__ float row_delta(const T* dout, const T* out, int hd) {
@@ -166,11 +174,7 @@ __device__ void flash_bwd_dkdv_portable(const xla_attn_flash_bwd_params& p) {
 
   const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
   if (b >= p.batch) {  // keys past the last sequence get zero dk, dv
-    if (blockIdx.x == 0) {
-      const int64_t first = clamp64(p.cu_seqlens_k[p.batch], 0, p.total_k);
-      zero_rows<T>(p.dk, first, p.total_k, p.num_heads_k, hk, hd);
-      zero_rows<T>(p.dv, first, p.total_k, p.num_heads_k, hk, hd);
-    }
+    if (blockIdx.x == 0) zero_key_padding<T>(p, hk);
     return;
   }
   const Sequence s = bwd_sequence(p, b);

@@ -103,6 +103,54 @@ __device__ __forceinline__ bool bwd_vec(int hd, const P*... ptrs) {
   return hd % 8 == 0 && (aligned_to<P>(ptrs, 16) && ...);
 }
 
+// Two products over the same D-wide k-steps for the warp's 16 rows x kB columns:
+// acc0 += A0 B0^T and acc1 += A1 B1^T, A at rows warp*16 of tiles a0 / a1, B tiles
+// b0 / b1 (kB rows each) read as stored (their rows are the products' columns).
+template <typename T, int D>
+__device__ __forceinline__ void two_products(float (&acc0)[kBwdBlock / 8][4],
+                                             float (&acc1)[kBwdBlock / 8][4], uint32_t a0,
+                                             uint32_t a1, uint32_t b0, uint32_t b1, int warp,
+                                             const LdsmLane<D>& lds_a, const LdsmLane<D>& lds_b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t x0[4], x1[4];
+    ldsm_x4(x0, lds_a(a0, warp * 16, kk));
+    ldsm_x4(x1, lds_a(a1, warp * 16, kk));
+#pragma unroll
+    for (int nn = 0; nn < kBwdBlock / 16; ++nn) {
+      uint32_t y[4];  // B rows nn*16 + 0..7: {y0, y1}; + 8..15: {y2, y3}
+      ldsm_x4(y, lds_b(b0, nn * 16, kk));
+      mma_16816<T>(acc0[2 * nn], x0, y[0], y[1]);
+      mma_16816<T>(acc0[2 * nn + 1], x0, y[2], y[3]);
+      ldsm_x4(y, lds_b(b1, nn * 16, kk));
+      mma_16816<T>(acc1[2 * nn], x1, y[0], y[1]);
+      mma_16816<T>(acc1[2 * nn + 1], x1, y[2], y[3]);
+    }
+  }
+}
+
+// acc += P B for the warp's 16 rows: P (16 x kB) from f32 accumulators, rounded to T as
+// A fragments (c0,c1 -> a0 / a2; c2,c3 -> a1 / a3, see fwd_sm80.cuh), and B the kB x D
+// tile at `b` (row-major: its B fragments by ldmatrix.trans).
+template <typename T, int D>
+__device__ __forceinline__ void product_pb(float (&acc)[D / 8][4], const float (&pr)[kBwdBlock / 8][4],
+                                           uint32_t b, const LdsmLane<D>& lds_a) {
+#pragma unroll
+  for (int kk = 0; kk < kBwdBlock / 16; ++kk) {
+    const uint32_t a[4] = {pack2<T>(pr[2 * kk][0], pr[2 * kk][1]),
+                           pack2<T>(pr[2 * kk][2], pr[2 * kk][3]),
+                           pack2<T>(pr[2 * kk + 1][0], pr[2 * kk + 1][1]),
+                           pack2<T>(pr[2 * kk + 1][2], pr[2 * kk + 1][3])};
+#pragma unroll
+    for (int dd = 0; dd < D / 16; ++dd) {
+      uint32_t y[4];  // dims dd*16 + 0..7: {y0, y1}; + 8..15: {y2, y3}
+      ldsm_x4_trans(y, lds_a(b, kk * 16, dd));
+      mma_16816<T>(acc[2 * dd], a, y[0], y[1]);
+      mma_16816<T>(acc[2 * dd + 1], a, y[2], y[3]);
+    }
+  }
+}
+
 }  // namespace sm80
 
 // D_i = dO_i . O_i into the dq buffer's scratch: 4 warps x 4 rows per block, grid
@@ -139,11 +187,7 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
 
   const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
   if (b >= p.batch) {  // keys past the last sequence get zero dk, dv
-    if (blockIdx.x == 0) {
-      const int64_t first = clamp64(p.cu_seqlens_k[p.batch], 0, p.total_k);
-      zero_rows<T>(p.dk, first, p.total_k, p.num_heads_k, hk, hd);
-      zero_rows<T>(p.dv, first, p.total_k, p.num_heads_k, hk, hd);
-    }
+    if (blockIdx.x == 0) zero_key_padding<T>(p, hk);
     return;
   }
   const Sequence s = bwd_sequence(p, b);
@@ -227,22 +271,7 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
     const uint32_t tQ = sQ_addr + 2u * uint32_t(stage * kB * D);
     const uint32_t tdO = sdO_addr + 2u * uint32_t(stage * kB * D);
     float st[kNT][4] = {}, dpt[kNT][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ak[4], av[4];
-      ldsm_x4(ak, lds_a(sK_addr, warp * 16, kk));
-      ldsm_x4(av, lds_a(sV_addr, warp * 16, kk));
-#pragma unroll
-      for (int nn = 0; nn < kB / 16; ++nn) {
-        uint32_t bq[4], bo[4];  // rows nn*16 + 0..7: {b0, b1}; + 8..15: {b2, b3}
-        ldsm_x4(bq, lds_b(tQ, nn * 16, kk));
-        mma_16816<T>(st[2 * nn], ak, bq[0], bq[1]);
-        mma_16816<T>(st[2 * nn + 1], ak, bq[2], bq[3]);
-        ldsm_x4(bo, lds_b(tdO, nn * 16, kk));
-        mma_16816<T>(dpt[2 * nn], av, bo[0], bo[1]);
-        mma_16816<T>(dpt[2 * nn + 1], av, bo[2], bo[3]);
-      }
-    }
+    two_products<T, D>(st, dpt, sK_addr, sV_addr, tQ, tdO, warp, lds_a, lds_b);
 
     // P^T and dS^T. Element (hf, nt, e): key n0 + warp*16 + g + 8 hf, row i0 + 8 nt + 2t + e.
     // The common tile (inside every mask, no softcap, no ALiBi) is a copy of its own:
@@ -294,28 +323,9 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
       probs(false);
     }
 
-    // dV += P^T dO, dK += dS^T Q: k-steps of 16 query rows, B fragments by ldmatrix.trans.
-#pragma unroll
-    for (int kk = 0; kk < kB / 16; ++kk) {
-      const uint32_t ap[4] = {pack2<T>(st[2 * kk][0], st[2 * kk][1]),
-                              pack2<T>(st[2 * kk][2], st[2 * kk][3]),
-                              pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                              pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-      const uint32_t ad[4] = {pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]),
-                              pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
-                              pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                              pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
-#pragma unroll
-      for (int dd = 0; dd < D / 16; ++dd) {
-        uint32_t bo[4], bq[4];  // dims dd*16 + 0..7: {b0, b1}; + 8..15: {b2, b3}
-        ldsm_x4_trans(bo, lds_a(tdO, kk * 16, dd));
-        mma_16816<T>(dv[2 * dd], ap, bo[0], bo[1]);
-        mma_16816<T>(dv[2 * dd + 1], ap, bo[2], bo[3]);
-        ldsm_x4_trans(bq, lds_a(tQ, kk * 16, dd));
-        mma_16816<T>(dk[2 * dd], ad, bq[0], bq[1]);
-        mma_16816<T>(dk[2 * dd + 1], ad, bq[2], bq[3]);
-      }
-    }
+    // dV += P^T dO, dK += dS^T Q.
+    product_pb<T, D>(dv, st, tdO, lds_a);
+    product_pb<T, D>(dk, dpt, tQ, lds_a);
   }
   cp_async_wait<0>();  // K and V when there was no tile
   __syncthreads();     // other threads' copies into this warp's rows of sK / sV too
@@ -418,22 +428,7 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
     const uint32_t tK = sK_addr + 2u * uint32_t(stage * kB * D);
     const uint32_t tV = sV_addr + 2u * uint32_t(stage * kB * D);
     float sc[kNT][4] = {}, dp[kNT][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t aq[4], ao[4];
-      ldsm_x4(aq, lds_a(sQ_addr, warp * 16, kk));
-      ldsm_x4(ao, lds_a(sdO_addr, warp * 16, kk));
-#pragma unroll
-      for (int nn = 0; nn < kB / 16; ++nn) {
-        uint32_t bk[4], bv[4];  // keys nn*16 + 0..7: {b0, b1}; + 8..15: {b2, b3}
-        ldsm_x4(bk, lds_b(tK, nn * 16, kk));
-        mma_16816<T>(sc[2 * nn], aq, bk[0], bk[1]);
-        mma_16816<T>(sc[2 * nn + 1], aq, bk[2], bk[3]);
-        ldsm_x4(bv, lds_b(tV, nn * 16, kk));
-        mma_16816<T>(dp[2 * nn], ao, bv[0], bv[1]);
-        mma_16816<T>(dp[2 * nn + 1], ao, bv[2], bv[3]);
-      }
-    }
+    two_products<T, D>(sc, dp, sQ_addr, sdO_addr, tK, tV, warp, lds_a, lds_b);
 
     // dS in place of S. Element (hf, nt, e): row m0 + warp*16 + g + 8 hf, key n0 + 8 nt + 2t + e;
     // the common tile a copy of its own, as in the dkdv kernel.
@@ -474,21 +469,8 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
       grads(false);
     }
 
-    // dQ += dS K: k-steps of 16 keys, K's B fragments by ldmatrix.trans.
-#pragma unroll
-    for (int kk = 0; kk < kB / 16; ++kk) {
-      const uint32_t a[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]),
-                             pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
-                             pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                             pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-      for (int dd = 0; dd < D / 16; ++dd) {
-        uint32_t bk[4];  // dims dd*16 + 0..7: {b0, b1}; + 8..15: {b2, b3}
-        ldsm_x4_trans(bk, lds_a(tK, kk * 16, dd));
-        mma_16816<T>(dq[2 * dd], a, bk[0], bk[1]);
-        mma_16816<T>(dq[2 * dd + 1], a, bk[2], bk[3]);
-      }
-    }
+    // dQ += dS K.
+    product_pb<T, D>(dq, sc, tK, lds_a);
   }
   cp_async_wait<0>();  // Q and dO when there was no tile
   __syncthreads();     // other threads' copies into this warp's rows of sQ too
