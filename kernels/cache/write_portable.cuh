@@ -8,10 +8,30 @@
 
 namespace xla_attn {
 
-template <typename Src, typename Cache>
+// x / scale rounded exactly as IEEE single division (what the Host reference and vLLM
+// compute), in 3 FMA-pipe instructions instead of div.rn's ~12 with a branch: with
+// r = RN(1 / scale), q = RN(x r) is within an ulp and one residual step
+// q + (x - q scale) r rounds correctly (Markstein) unless x r overflows, where q is
+// already the right inf. Valid for a scale that is a normal float (`fast()`); for 0,
+// subnormals, inf and NaN r would overflow or vanish, and the caller divides.
+// SASS (sm_90) of the bf16 -> e4m3 loop before: MUFU.RCP + 4 FFMA + FCHK + a branch to
+// a slow path per element, ~110 instructions per 16-byte vector, 82 % of the copy rate.
+struct Quotient {
+  float scale, r;
+  __device__ explicit Quotient(float s) : scale(s), r(__frcp_rn(s)) {}
+  __device__ bool fast() const { return isfinite(scale) && fabsf(scale) >= 1.17549435e-38f; }
+  template <bool kFast>
+  __device__ __forceinline__ float of(float x) const {
+    if constexpr (!kFast) return x / scale;
+    const float q = x * r;
+    const float q1 = fmaf(fmaf(-q, scale, x), r, q);
+    return isinf(q) ? q : q1;
+  }
+};
+
+template <typename Src, typename Cache, bool kFast>
 __device__ __forceinline__ void write_row(const Src* __restrict__ src, Cache* __restrict__ dst,
-                                          int64_t n, float scale,
-                                          bool vectorized) {
+                                          int64_t n, const Quotient& div, bool vectorized) {
   constexpr bool kQuantize = !kSameType<Src, Cache>;
   constexpr int kVec = 16 / sizeof(Src);  // 4 floats or 8 halves per 16-byte load
   if (vectorized) {
@@ -21,11 +41,14 @@ __device__ __forceinline__ void write_row(const Src* __restrict__ src, Cache* __
       Vec<Src, kVec> in = s[i];
       Vec<Cache, kVec> out;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        if constexpr (kQuantize) {
-          out.v[j] = from_float<Cache>(to_float(in.v[j]) / scale);
+      for (int j = 0; j < kVec; j += 2) {
+        if constexpr (kQuantize) {  // the cache is fp8: pairs in one cvt
+          *reinterpret_cast<__nv_fp8x2_storage_t*>(&out.v[j]) = fp8x2_from_float<Cache>(
+              div.template of<kFast>(to_float(in.v[j])),
+              div.template of<kFast>(to_float(in.v[j + 1])));
         } else {
           out.v[j] = in.v[j];
+          out.v[j + 1] = in.v[j + 1];
         }
       }
       d[i] = out;
@@ -34,7 +57,7 @@ __device__ __forceinline__ void write_row(const Src* __restrict__ src, Cache* __
   }
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     if constexpr (kQuantize) {
-      dst[i] = from_float<Cache>(to_float(src[i]) / scale);
+      dst[i] = from_float<Cache>(div.template of<kFast>(to_float(src[i])));
     } else {
       dst[i] = src[i];
     }
@@ -52,17 +75,25 @@ __device__ void reshape_and_cache_flash_portable(const xla_attn_reshape_and_cach
                           aligned_to<Cache>(p.key_cache, sizeof(Cache) * kVec) &&
                           aligned_to<Cache>(p.value_cache, sizeof(Cache) * kVec);
   const bool quantize = !kSameType<Src, Cache>;
-  const float k_scale = (quantize && p.k_scale) ? *p.k_scale : 1.0f;
-  const float v_scale = (quantize && p.v_scale) ? *p.v_scale : 1.0f;
+  const Quotient k_div((quantize && p.k_scale) ? *p.k_scale : 1.0f);
+  const Quotient v_div((quantize && p.v_scale) ? *p.v_scale : 1.0f);
+  const bool fast = k_div.fast() && v_div.fast();  // uniform: one loop or the other
   for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
     const int64_t slot = p.slot_dtype == XLA_ATTN_I64
                              ? static_cast<const int64_t*>(p.slot_mapping)[t]
                              : int64_t(static_cast<const int32_t*>(p.slot_mapping)[t]);
     if (slot < 0 || slot >= p.num_slots) continue;  // -1 is padding; others are untrusted
-    write_row(static_cast<const Src*>(p.key) + t * row,
-              static_cast<Cache*>(p.key_cache) + slot * row, row, k_scale, vectorized);
-    write_row(static_cast<const Src*>(p.value) + t * row,
-              static_cast<Cache*>(p.value_cache) + slot * row, row, v_scale, vectorized);
+    const Src* key = static_cast<const Src*>(p.key) + t * row;
+    const Src* value = static_cast<const Src*>(p.value) + t * row;
+    Cache* key_dst = static_cast<Cache*>(p.key_cache) + slot * row;
+    Cache* value_dst = static_cast<Cache*>(p.value_cache) + slot * row;
+    if (!quantize || fast) {
+      write_row<Src, Cache, true>(key, key_dst, row, k_div, vectorized);
+      write_row<Src, Cache, true>(value, value_dst, row, v_div, vectorized);
+    } else {
+      write_row<Src, Cache, false>(key, key_dst, row, k_div, vectorized);
+      write_row<Src, Cache, false>(value, value_dst, row, v_div, vectorized);
+    }
   }
 }
 

@@ -11,6 +11,7 @@ namespace xla_attn {
 
 // NVRTC has no <math.h> INFINITY.
 #define XLA_ATTN_INF __int_as_float(0x7f800000)
+#define XLA_ATTN_NAN __int_as_float(0x7fffffff)
 
 // NVRTC ships no <type_traits>; this is the one trait the families need.
 template <typename A, typename B> inline constexpr bool kSameType = false;
@@ -60,6 +61,15 @@ template <> __device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(f
 }
 template <> __device__ __forceinline__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float x) {
   return __nv_fp8_e5m2(x);
+}
+
+// Two floats to two saturated fp8 (x in the low byte): one cvt.satfinite...x2 on
+// sm_89+ where from_float costs a cvt, a mask and a byte permute per element.
+template <typename F8>
+__device__ __forceinline__ __nv_fp8x2_storage_t fp8x2_from_float(float x, float y) {
+  constexpr __nv_fp8_interpretation_t kFormat =
+      kSameType<F8, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  return __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, kFormat);
 }
 
 // N elements moved as one aligned access (N * sizeof(T) is 4, 8 or 16 bytes).

@@ -38,17 +38,19 @@ __device__ __forceinline__ float cache_scale(const float* s) {
   return (kSameType<KV, __nv_fp8_e4m3> || kSameType<KV, __nv_fp8_e5m2>) && s ? *s : 1.f;
 }
 
-// Query rows past the last real sequence are padding: zeros. Block (split 0, kv head
-// hk) of the padding sequence index clears the heads of hk's group.
+// Writes `value` into query rows [first, last) of the heads of kv head hk's group.
+// Padding rows (past the last real sequence) get zeros; the rows of a span longer than
+// the decode kernel takes, when no flash forward follows (the caller's max_query_len
+// said none is that long), get NaN so the broken promise shows.
 template <typename Q>
-__device__ void zero_padding_rows(const xla_attn_paged_attention_params& p, int hk, int n) {
-  const int64_t first = clamp64(p.query_start_loc[n], 0, p.total_q);
+__device__ void fill_rows(const xla_attn_paged_attention_params& p, int hk, int64_t first,
+                          int64_t last, float value) {
   const int group = p.num_heads / p.num_heads_k;
   const int64_t per_row = int64_t(group) * p.head_dim;
   Q* out = static_cast<Q*>(p.out);
-  for (int64_t idx = threadIdx.x; idx < (p.total_q - first) * per_row; idx += blockDim.x) {
+  for (int64_t idx = threadIdx.x; idx < (last - first) * per_row; idx += blockDim.x) {
     const int64_t row = first + idx / per_row;
-    out[row * p.num_heads * p.head_dim + int64_t(hk) * per_row + idx % per_row] = from_float<Q>(0.f);
+    out[row * p.num_heads * p.head_dim + int64_t(hk) * per_row + idx % per_row] = from_float<Q>(value);
   }
 }
 
@@ -72,12 +74,17 @@ struct DecodeBlock {
     b = blockIdx.z;
     const int n = real_batch(p.max_num_seqs, p.num_seqs);
     if (b >= n) {
-      if (b == p.max_num_seqs && split == 0) zero_padding_rows<Q>(p, hk, n);
+      if (b == p.max_num_seqs && split == 0) {
+        fill_rows<Q>(p, hk, clamp64(p.query_start_loc[n], 0, p.total_q), p.total_q, 0.f);
+      }
       return false;
     }
     s = sequence(b, p.query_start_loc, nullptr, p.seq_lens, p.total_q,
                  int64_t(p.num_blocks) * p.block_size, true,
                  int64_t(p.max_blocks_per_seq) * p.block_size);
+    if (s.num_q > a.max_q && a.no_flash_follows && split == 0) {
+      fill_rows<Q>(p, hk, s.q_start, s.q_start + s.num_q, XLA_ATTN_NAN);
+    }
     if (s.num_q == 0 || s.num_q > a.max_q) return false;
     group = p.num_heads / p.num_heads_k;
     total_rows = s.num_q * group;

@@ -1,5 +1,5 @@
 // paged_attention's tensor-core decode kernel (sm_80+; caches of the query's 16-bit
-// dtype, or fp8 e4m3/e5m2 converted to f16 in shared memory): the decode kernel of
+// dtype, or fp8 e4m3/e5m2 converted to f16 in registers): the decode kernel of
 // paged/decode.cuh with its dot products and weighted sums on mma.sync instead of
 // FP32 FMAs and shuffles. ncu on an H100 showed the FMA
 // kernel issue-bound at 2.2 TB/s (65 % of issue slots, 66 % of DRAM bandwidth); here
@@ -9,12 +9,19 @@
 // rows are the heads of the kv head's GQA group times the query tokens (<= 16: one
 // m16 tile, its A fragments held in registers for the whole loop), so each K/V byte
 // is read once for the group. Each warp streams its own 16-key tiles (tile i of the
-// split goes to warp i % 4) through kStages shared-memory stages with cp.async, two
-// tiles in flight while one is computed: S = Q K^T (ldmatrix of K), the online softmax
+// split goes to warp i % 4) through shared-memory stages with cp.async, two (fp8:
+// four) tiles in flight while one is computed: S = Q K^T (ldmatrix of K), the online softmax
 // on the S fragments, O += P V (P straight from the S registers, ldmatrix.trans of V).
-// fp8 tiles land in a raw staging area and each warp converts its tile to f16 (exact:
-// every e4m3/e5m2 value is an f16) before the ldmatrix; the mma then run in f16 (Q
-// and P rounded to f16), the cache scales applied to the scores and the output.
+// fp8 tiles stay fp8 in shared memory, read by ldmatrix as rows of 16-bit pairs and
+// converted in registers (exact: every e4m3/e5m2 value is an f16); the mma then run
+// in f16 (Q and P rounded to f16), the cache scales applied to the scores and the
+// output. For that, Q K^T sums over a permuted head dim (an ldmatrix lane holds 4
+// adjacent fp8 of a key row, which become the B fragment's columns 2t, 2t+1 and
+// 2t+8, 2t+9; Q's A fragment is loaded in the same order), and P V's B fragments come
+// from transposed pairs whose bytes are split into even and odd dims, so a thread's
+// O columns are a permutation too (o_col). Converting each tile to an f16 tile in
+// shared memory first, as before, cost a second pass through it (24 KB of shared
+// traffic per 4 KB tile) and ran at 71 % of the copy rate.
 // The warps merge their partial softmax states through shared memory at the end;
 // splits write partials that paged_decode_combine (paged/decode.cuh) merges.
 #pragma once
@@ -52,30 +59,33 @@ __device__ __forceinline__ uint32_t as_operand(uint32_t x) {
   }
 }
 
-// Converts a warp's raw fp8 tile (kTileKeys rows of D bytes) into the swizzled f16
-// tile the ldmatrix reads; 16 elements a lane and step, in hardware on sm_89+.
-template <typename KV, int D>
-__device__ __forceinline__ void fp8_to_f16_tile(__half* dst, const uint8_t* src, int lane) {
+// Four fp8 (bytes 0..3 of x) as two f16 pairs: (b0, b1) and (b2, b3), in hardware on
+// sm_89+.
+template <typename KV>
+__device__ __forceinline__ void fp8x4_to_f16(uint32_t x, uint32_t& lo, uint32_t& hi) {
   constexpr __nv_fp8_interpretation_t kFormat =
       kSameType<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
-  constexpr int kChunks = D / 16;  // 16-byte chunks of a raw row
-#pragma unroll
-  for (int it = 0; it < kTileKeys * kChunks / 32; ++it) {
-    const int idx = lane + 32 * it, r = idx / kChunks, c = idx % kChunks;
-    const uint4 raw = *reinterpret_cast<const uint4*>(src + r * D + c * 16);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-    uint32_t h[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w[i] & 0xffffu), kFormat);
-      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w[i] >> 16), kFormat);
-      h[2 * i] = uint32_t(lo.x) | (uint32_t(lo.y) << 16);
-      h[2 * i + 1] = uint32_t(hi.x) | (uint32_t(hi.y) << 16);
-    }
-    // 16 raw bytes = two 16-byte f16 chunks (2c, 2c + 1) of row r
-    *reinterpret_cast<uint4*>(dst + sm80::swz<D>(r, 2 * c)) = make_uint4(h[0], h[1], h[2], h[3]);
-    *reinterpret_cast<uint4*>(dst + sm80::swz<D>(r, 2 * c + 1)) = make_uint4(h[4], h[5], h[6], h[7]);
-  }
+  const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(x & 0xffffu), kFormat);
+  const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(x >> 16), kFormat);
+  lo = uint32_t(a.x) | (uint32_t(a.y) << 16);
+  hi = uint32_t(b.x) | (uint32_t(b.y) << 16);
+}
+
+// A transposed ldmatrix register of an fp8 tile holds the pairs (dims 2j, 2j + 1) of
+// keys k and k + 1: bytes (k, 2j), (k, 2j + 1), (k + 1, 2j), (k + 1, 2j + 1). As f16
+// B-fragment registers: keys (k, k + 1) of dim 2j (even) and of dim 2j + 1 (odd).
+template <typename KV>
+__device__ __forceinline__ void fp8_pairs_to_f16(uint32_t x, uint32_t& even, uint32_t& odd) {
+  fp8x4_to_f16<KV>(__byte_perm(x, 0u, 0x3120), even, odd);
+}
+
+// Head-dim column of accumulator element o[dt][2 hf + e] of lane quad position t.
+// 16-bit: n8 tile dt, columns 2t + e. fp8: tile dt = 4 dd + 2 w + parity holds dims
+// 32 dd + 16 w + 2 (2t + e) + parity (fp8_pairs_to_f16's even / odd split).
+template <bool kFp8>
+__device__ __forceinline__ int o_col(int dt, int t, int e) {
+  if constexpr (kFp8) return 32 * (dt / 4) + 16 * ((dt / 2) & 1) + 4 * t + 2 * e + (dt & 1);
+  return 8 * dt + 2 * t + e;
 }
 
 }  // namespace decode_sm80
@@ -83,11 +93,12 @@ __device__ __forceinline__ void fp8_to_f16_tile(__half* dst, const uint8_t* src,
 template <typename T, typename KV, int D>
 __device__ void paged_decode_sm80(const decode::Args& a) {
   using namespace sm80;
-  using decode_sm80::kStages;
   using decode_sm80::kTileKeys;
   using decode_sm80::kWarps;
   using Tc = typename decode_sm80::Compute<T, KV>::type;  // mma operand type
   constexpr bool kFp8 = sizeof(KV) == 1;
+  constexpr int kStages = decode_sm80::stages(int(sizeof(KV)));
+  constexpr int kTileW = D * int(sizeof(KV)) / 2;       // tile row width in 16-bit units
   constexpr int kChunks = D * int(sizeof(KV)) / 16;      // 16-byte chunks per cache row
   constexpr int kLoads = kTileKeys * kChunks / 32;       // cp.async per lane per tile
   constexpr int kDT = D / 8;                             // n8 tiles of O
@@ -95,16 +106,13 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // This warp's shared memory (decode_sm80::warp_smem_bytes): kStages K stages and
-  // kStages V stages (cache rows as stored; 16-bit ones swizzled), for fp8 the f16 K
-  // and V tiles it converts them into, then the physical rows of each stage.
+  // kStages V stages (cache rows as stored, swizzled as rows of kTileW 16-bit units),
+  // then the physical rows of each stage.
   constexpr int kStageBytes = decode_sm80::stage_bytes(D, int(sizeof(KV)));
   unsigned char* mine = smem + warp * decode_sm80::warp_smem_bytes(D, int(sizeof(KV)));
   KV* sK = reinterpret_cast<KV*>(mine);
   KV* sV = reinterpret_cast<KV*>(mine + kStages * kStageBytes);
-  Tc* cK = reinterpret_cast<Tc*>(mine + 2 * kStages * kStageBytes);  // fp8 only
-  Tc* cV = cK + decode_sm80::tile_elems(D);
-  int* sRow = reinterpret_cast<int*>(mine + 2 * kStages * kStageBytes +
-                                     (kFp8 ? 2 * 2 * decode_sm80::tile_elems(D) : 0));
+  int* sRow = reinterpret_cast<int*>(mine + 2 * kStages * kStageBytes);
 
   const xla_attn_paged_attention_params& p = a.p;
   decode::DecodeBlock blk;
@@ -127,8 +135,11 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
   const bool capped = p.soft_cap > 0.f;
   const float cap2 = p.soft_cap * kLog2e;
   const float mul = capped ? p.scale * ks / p.soft_cap : p.scale * ks * kLog2e;
+  const bool alibi = p.alibi_slopes != nullptr;
   // Lane rows g and g + 8 of the m16 tile: position, ALiBi slope (base 2), and Q's A
-  // fragments (rows past total_rows are zeros; their results are never written).
+  // fragments (rows past total_rows are zeros; their results are never written): cols
+  // 16kk + 2t, +1 and 16kk + 8 + 2t, +1; over fp8 caches the permuted head dim's
+  // 16kk + 4t, +1 and 16kk + 4t + 2, +3 (the K fragments' order).
   int pos[2];
   float slope2[2];
   uint32_t qa[D / 16][4];
@@ -142,9 +153,9 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
         static_cast<const T*>(p.query) + (s.q_start + row / group) * q_stride + int64_t(h) * D);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      // cols 16kk + 2t, +1 and 16kk + 8 + 2t, +1
-      qa[kk][hf] = r < total_rows ? decode_sm80::as_operand<Tc, T>(qrow[kk * 8 + t]) : 0u;
-      qa[kk][hf + 2] = r < total_rows ? decode_sm80::as_operand<Tc, T>(qrow[kk * 8 + 4 + t]) : 0u;
+      const int lo = kFp8 ? kk * 8 + 2 * t : kk * 8 + t, hi = kFp8 ? lo + 1 : lo + 4;
+      qa[kk][hf] = r < total_rows ? decode_sm80::as_operand<Tc, T>(qrow[lo]) : 0u;
+      qa[kk][hf + 2] = r < total_rows ? decode_sm80::as_operand<Tc, T>(qrow[hi]) : 0u;
     }
   }
 
@@ -164,8 +175,8 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
     for (int it = 0; it < kLoads; ++it) {
       const int idx = lane + 32 * it, r = idx / kChunks, c = idx % kChunks;
       const int row = sRow[stage * kTileKeys + r];
-      const int off = kFp8 ? r * D + c * 16 : swz<D>(r, c);  // fp8: raw, converted later
       const int elem = c * 16 / int(sizeof(KV));
+      const int off = swz<kTileW>(r, c) * 2 / int(sizeof(KV));
       if (row >= 0) {
         cp_async_16(tk + off, kc + int64_t(row) * kv_stride + elem);
         cp_async_16(tv + off, vc + int64_t(row) * kv_stride + elem);
@@ -178,41 +189,61 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
 
   float o[kDT][4] = {};
   float m[2] = {-XLA_ATTN_INF, -XLA_ATTN_INF}, l[2] = {0.f, 0.f};
-  const LdsmLane<D> lds_k = LdsmLane<D>::b_operand(lane), lds_v = LdsmLane<D>::a_operand(lane);
-  if (my_tiles > 0) issue(0);
-  cp_async_commit();
-  if (my_tiles > 1) issue(1);
-  cp_async_commit();
+  const LdsmLane<kTileW> lds_k = LdsmLane<kTileW>::b_operand(lane);
+  const LdsmLane<kTileW> lds_v = LdsmLane<kTileW>::a_operand(lane);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < my_tiles) issue(i);
+    cp_async_commit();
+  }
   for (int i = 0; i < my_tiles; ++i) {
-    if (i + 2 < my_tiles) issue(i + 2);
-    cp_async_commit();  // possibly empty: keeps the wait count uniform
-    cp_async_wait<2>();  // this lane's copies of tile i have landed
-    __syncwarp();        // and every lane's
+    if (i + kStages - 1 < my_tiles) issue(i + kStages - 1);
+    cp_async_commit();               // possibly empty: keeps the wait count uniform
+    cp_async_wait<kStages - 1>();    // this lane's copies of tile i have landed
+    __syncwarp();                    // and every lane's
     const int stage = i % kStages, key0 = k_lo + (i * kWarps + warp) * kTileKeys;
-    uint32_t tk, tv;  // the f16/bf16 tiles the ldmatrix reads
-    if constexpr (kFp8) {
-      decode_sm80::fp8_to_f16_tile<KV, D>(cK, reinterpret_cast<const uint8_t*>(
-          sK + stage * kStageBytes), lane);
-      decode_sm80::fp8_to_f16_tile<KV, D>(cV, reinterpret_cast<const uint8_t*>(
-          sV + stage * kStageBytes), lane);
-      __syncwarp();
-      tk = smem_addr(cK);
-      tv = smem_addr(cV);
-    } else {
-      tk = smem_addr(sK + stage * decode_sm80::tile_elems(D));
-      tv = smem_addr(sV + stage * decode_sm80::tile_elems(D));
-    }
+    const uint32_t tk = smem_addr(sK + stage * kStageBytes / int(sizeof(KV)));
+    const uint32_t tv = smem_addr(sV + stage * kStageBytes / int(sizeof(KV)));
 
-    // S = Q K^T for the 16 keys: per k16 step one ldmatrix.x4 of K, two mma.
+    // S = Q K^T for the 16 keys: per k16 step one ldmatrix.x4 of K, two mma (fp8: per
+    // two k16 steps, the 4 fp8 of a register converted to the B fragment's 2 f16 pairs).
     float sc[2][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < kTileW / 16; ++kk) {
       uint32_t bk[4];  // keys 0..7: {bk0, bk1}; keys 8..15: {bk2, bk3}
       ldsm_x4(bk, lds_k(tk, 0, kk));
-      mma_16816<Tc>(sc[0], qa[kk], bk[0], bk[1]);
-      mma_16816<Tc>(sc[1], qa[kk], bk[2], bk[3]);
+      if constexpr (kFp8) {  // bk0 / bk2: dims 32kk .. +15 (step 2kk), bk1 / bk3: the next 16
+        uint32_t b[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) decode_sm80::fp8x4_to_f16<KV>(bk[j], b[j][0], b[j][1]);
+        mma_16816<Tc>(sc[0], qa[2 * kk], b[0][0], b[0][1]);
+        mma_16816<Tc>(sc[0], qa[2 * kk + 1], b[1][0], b[1][1]);
+        mma_16816<Tc>(sc[1], qa[2 * kk], b[2][0], b[2][1]);
+        mma_16816<Tc>(sc[1], qa[2 * kk + 1], b[3][0], b[3][1]);
+      } else {
+        mma_16816<Tc>(sc[0], qa[kk], bk[0], bk[1]);
+        mma_16816<Tc>(sc[1], qa[kk], bk[2], bk[3]);
+      }
     }
-    // Online softmax of rows g (c0, c1) and g + 8 (c2, c3) over keys 8 nt + 2t + e.
+    // Scores in base 2 (c0, c1: row g, c2, c3: row g + 8; keys 8 nt + 2t + e): softcap
+    // and ALiBi each behind one uniform branch (as per-element selects, ptxas put a
+    // branch around every element).
+    if (capped) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sc[i / 4][i % 4] = cap2 * fast_tanh(sc[i / 4][i % 4] * mul);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sc[i / 4][i % 4] *= mul;
+    }
+    if (alibi) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int hf = (i % 4) / 2, key = key0 + (i / 4) * 8 + 2 * t + i % 2;
+        sc[i / 4][i % 4] -= slope2[hf] * float(abs(pos[hf] - key));
+      }
+    }
+    // Online softmax of rows g and g + 8.
+    float corr[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float mx = -XLA_ATTN_INF;
@@ -221,12 +252,9 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int jl = nt * 8 + 2 * t + e, key = key0 + jl;
-          float x = sc[nt][2 * hf + e];
-          x = capped ? cap2 * fast_tanh(x * mul) : x * mul;
-          x -= slope2[hf] * float(abs(pos[hf] - key));
+          float& x = sc[nt][2 * hf + e];
           const bool vis = sRow[stage * kTileKeys + jl] >= 0 && win.visible(pos[hf], key);
           x = vis ? x : -XLA_ATTN_INF;
-          sc[nt][2 * hf + e] = x;
           mx = fmaxf(mx, x);
         }
       }
@@ -234,7 +262,7 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[hf], mx);
       const float m_use = m_new == -XLA_ATTN_INF ? 0.f : m_new;  // no key yet: terms are 0
-      const float corr = fast_exp2(m[hf] - m_use);
+      corr[hf] = fast_exp2(m[hf] - m_use);
       m[hf] = m_new;
       float sum = 0.f;
 #pragma unroll
@@ -246,22 +274,37 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
           sum += x;
         }
       }
-      l[hf] = l[hf] * corr + sum;  // this lane's partial row sum (quad-reduced at the end)
+      l[hf] = l[hf] * corr[hf] + sum;  // this lane's partial row sum (quad-reduced at the end)
+    }
+    // Rescale O only when a row's max moved somewhere in the warp: past the first tiles
+    // of a long context it rarely does, and the rescale is 64 FMUL a tile at d128 (a
+    // sixth of the tile's instructions). ex2.approx(0) is exactly 1.
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
-        o[dt][2 * hf] *= corr;
-        o[dt][2 * hf + 1] *= corr;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[dt][i] *= corr[i / 2];
       }
     }
     // O += P V: the S fragments of keys 0..7 and 8..15, rounded to T, are P's A fragment.
     const uint32_t pa[4] = {pack2<Tc>(sc[0][0], sc[0][1]), pack2<Tc>(sc[0][2], sc[0][3]),
                             pack2<Tc>(sc[1][0], sc[1][1]), pack2<Tc>(sc[1][2], sc[1][3])};
 #pragma unroll
-    for (int dd = 0; dd < D / 16; ++dd) {
-      uint32_t bv[4];  // dims 16dd + 0..7: {bv0, bv1}; 16dd + 8..15: {bv2, bv3}
+    for (int dd = 0; dd < kTileW / 16; ++dd) {
+      uint32_t bv[4];  // units 16dd + 0..7: {bv0, bv1}; 16dd + 8..15: {bv2, bv3}
       ldsm_x4_trans(bv, lds_v(tv, 0, dd));
-      mma_16816<Tc>(o[2 * dd], pa, bv[0], bv[1]);
-      mma_16816<Tc>(o[2 * dd + 1], pa, bv[2], bv[3]);
+      if constexpr (kFp8) {  // a unit is a dim pair: even and odd dims are n8 tiles of their own
+        uint32_t even[4], odd[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) decode_sm80::fp8_pairs_to_f16<KV>(bv[j], even[j], odd[j]);
+        mma_16816<Tc>(o[4 * dd], pa, even[0], even[1]);
+        mma_16816<Tc>(o[4 * dd + 1], pa, odd[0], odd[1]);
+        mma_16816<Tc>(o[4 * dd + 2], pa, even[2], even[3]);
+        mma_16816<Tc>(o[4 * dd + 3], pa, odd[2], odd[3]);
+      } else {
+        mma_16816<Tc>(o[2 * dd], pa, bv[0], bv[1]);
+        mma_16816<Tc>(o[2 * dd + 1], pa, bv[2], bv[3]);
+      }
     }
     __syncwarp();  // every lane is done with this stage before it is refilled
   }
@@ -285,11 +328,11 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
       s_m[warp * decode_sm80::kRows + r] = m[hf];
       s_l[warp * decode_sm80::kRows + r] = sum;
     }
+    float* dst = s_o + (warp * decode_sm80::kRows + r) * D;
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt) {
-      float* dst = s_o + (warp * decode_sm80::kRows + r) * D + dt * 8 + 2 * t;
-      dst[0] = o[dt][2 * hf];
-      dst[1] = o[dt][2 * hf + 1];
+      dst[decode_sm80::o_col<kFp8>(dt, t, 0)] = o[dt][2 * hf];
+      dst[decode_sm80::o_col<kFp8>(dt, t, 1)] = o[dt][2 * hf + 1];
     }
   }
   __syncthreads();

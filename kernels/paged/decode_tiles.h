@@ -11,6 +11,8 @@ struct Args {
   int32_t num_splits;  // key-range parts per (sequence, kv head); > 1: partials + combine
   int32_t max_q;       // sequences with at most this many queries are the decode kernel's;
                        // longer ones go to the flash forward (which skips these)
+  int32_t no_flash_follows;  // 1: the caller's max_query_len <= max_q, so no flash forward
+                             // runs; rows of longer spans (a broken promise) get NaN
 };
 
 constexpr int kWarps = 4;   // 128 threads: each warp streams its own keys, merged at the end
@@ -64,23 +66,26 @@ namespace xla_attn::decode_sm80 {
 constexpr int kWarps = 4;
 constexpr int kTileKeys = 16;  // keys per warp tile: one k16 step of P V
 constexpr int kRows = 16;      // query rows a block holds: one m16 tile
-// Three stages: tiles t + 1 and t + 2 are in flight while tile t is computed, 2 x 8 KB
-// per warp at d128; at 2 blocks an SM (96 KB of shared memory each) that is 128 KB
-// in flight per SM, several times what Little's law asks for at 3 TB/s.
-constexpr int kStages = 3;
+// Stages of a warp's tile pipeline: tiles t + 1 .. t + stages - 1 are in flight while
+// tile t is computed. 16-bit caches: 3 stages, 2 x 8 KB in flight per warp at d128, at
+// 2 blocks an SM 128 KB per SM, several times what Little's law asks for at 3 TB/s
+// (~1 us x 3 TB/s / 132 SMs = 23 KB). An fp8 tile is half the bytes: at 3 stages an
+// SM had 32 KB in flight, 1.4x the need, and read at 71 % of the copy rate. 4 stages
+// take 66.5 KB a block at d128, so 3 blocks an SM fit (166 registers), 144 KB in
+// flight; 5 stages would fit only 2 blocks (83 KB) for 128 KB.
+XLA_ATTN_HOST_DEVICE constexpr int stages(int cache_bytes) { return cache_bytes == 1 ? 4 : 3; }
 
-// Shared memory: per warp, kStages K and kStages V tiles as stored (16 rows of D
-// cache elements; 16-bit ones swizzled like the flash tiles), for fp8 the two f16
-// tiles they are converted into, and the physical rows of each stage; the warp merge
-// at the end reuses it all. d128: 96.8 KB a block for 16-bit caches, 80.8 KB for fp8
-// (both fit the 99 KB every sm_8x allows a block after opting in).
+// Shared memory: per warp, the stages' K and V tiles as stored (16 rows of D cache
+// elements, swizzled; fp8 rows as rows of D / 2 16-bit pairs, which the ldmatrix reads
+// and registers convert), then the physical rows of each stage; the warp merge at the
+// end reuses it all. d128: 96.8 KB a block for 16-bit caches, 66.5 KB for fp8 (both
+// fit the 99 KB every sm_8x allows a block after opting in).
 XLA_ATTN_HOST_DEVICE constexpr int tile_elems(int d) { return kTileKeys * d; }
 XLA_ATTN_HOST_DEVICE constexpr int stage_bytes(int d, int cache_bytes) {
   return tile_elems(d) * cache_bytes;
 }
 XLA_ATTN_HOST_DEVICE constexpr int warp_smem_bytes(int d, int cache_bytes) {
-  return 2 * kStages * stage_bytes(d, cache_bytes) + (cache_bytes == 1 ? 2 * 2 * tile_elems(d) : 0) +
-         kStages * kTileKeys * 4;
+  return stages(cache_bytes) * (2 * stage_bytes(d, cache_bytes) + kTileKeys * 4);
 }
 XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int cache_bytes) {
   return kWarps * warp_smem_bytes(d, cache_bytes);

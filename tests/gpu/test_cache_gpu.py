@@ -126,3 +126,26 @@ def test_reshape_and_cache_flash_gpu_matches_cpu(rng, mk, gpu_device):
             v_scale=jax.device_put(jnp.float32(0.7), device))])
     for g, c in zip(*outs):
         ref.assert_bits_equal(g, c)
+
+
+# Scales the kernel's hoisted-reciprocal division must round exactly like x / scale:
+# ordinary ones, ones whose reciprocal is inexact, extremes where x / scale
+# overflows or underflows, and the non-normal ones it divides for (0, subnormal, inf).
+EDGE_SCALES = [3.0, 1 / 3, 0.1, 7.0, 0.37, 1e-30, 1e30, 1.5e-39, 0.0, np.inf]
+
+
+@pytest.mark.parametrize("src", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fmt", [("float8_e4m3fn", "fp8"), ("float8_e5m2", "fp8_e5m2")],
+                         ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", ["small", "odd"])
+def test_reshape_and_cache_flash_gpu_scales(rng, mk, gpu_device, src, fmt, shape):
+    storage, kv_cache_dtype = fmt
+    case = make_case(rng, mk, src, storage, *SHAPES[shape], np.int32)
+    # inputs over the whole exponent range, so x / scale lands everywhere
+    for name in ("key", "value"):
+        x = case[name].astype(np.float32)
+        x *= np.exp2(rng.integers(-60, 60, x.shape)).astype(np.float32)
+        case[name] = x.astype(case[name].dtype)
+    randoms = list(np.exp(rng.uniform(np.log(1e-4), np.log(1e4), 6)))
+    for k_scale, v_scale in zip(EDGE_SCALES + randoms, reversed(EDGE_SCALES + randoms)):
+        run_and_check(case, gpu_device, kv_cache_dtype, dict(k_scale=k_scale, v_scale=v_scale))
