@@ -234,17 +234,24 @@ def test_paged_attention_decode(paged_family, gpu_device, rng, mk, cache, shape)
     ref.assert_attention_close(out, exp, qdtype, valid_rows=int(qsl[5]))
 
 
-@pytest.mark.parametrize("feature", ["plain", "window_softcap"])
+@pytest.mark.parametrize("feature", ["plain", "window_softcap", "fp8", "fp8_e5m2_d64"])
 def test_paged_attention_decode_long_context(paged_family, gpu_device, rng, mk, feature):
     """Contexts long enough for the decode kernel to split the keys (and merge the
-    partials), a GQA group of 4 over block size 16; a window that leaves splits empty."""
-    heads, heads_k, dim, block_size = 8, 2, 128, 16
+    partials), a GQA group of 4 over block size 16; a window that leaves splits empty;
+    fp8 caches (their tiles converted in registers over a permuted head dim)."""
+    heads, heads_k, dim, block_size = 8, 2, 64 if feature.endswith("d64") else 128, 16
     seq_lens = np.array([20000, 7000], np.int32)
     qsl = mk.cu_seqlens(np.array([1, 3], np.int32))
     k, v, table = mk.paged_kv(rng, "bfloat16", seq_lens, block_size, heads_k=heads_k,
                               head_dim=dim)
     query = mk.random_array(rng, (4, heads, dim), "bfloat16")
     kw = dict(sliding_window=3000, soft_cap=15.0) if feature == "window_softcap" else {}
+    if feature.startswith("fp8"):
+        _skip_outside(paged_family if paged_family != "auto" else "portable", "float8_e4m3fn")
+        fp8 = "float8_e5m2" if "e5m2" in feature else "float8_e4m3fn"
+        k = (k.astype(np.float32) * 3).astype(mk.np_dtype(fp8))
+        v = (v.astype(np.float32) / 2).astype(mk.np_dtype(fp8))
+        kw = dict(k_scale=np.float32(1 / 3), v_scale=np.float32(2.0))
     exp = ref.paged_attention_ref(query, k, v, seq_lens, table, qsl, 0.08, **kw)
     out = jax.jit(lambda q, k, v, sl, bt, qs: xj.paged_attention(q, k, v, sl, bt, qs, 0.08, **kw))(
         *_on(gpu_device, query, k, v, seq_lens, table, qsl))
