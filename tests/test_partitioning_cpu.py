@@ -239,25 +239,28 @@ def test_vmap_of_split_heads_stays_split(rng, mk, mesh2d):
 # ------------------------------------------------------------------ paged attention, cache write
 @pytest.mark.parametrize("heads", [(8, 4), (8, 2), (8, 1)], ids=["gqa", "gqa-kv<shards", "mqa"])
 @pytest.mark.parametrize("cache", ["bfloat16", "float8_e4m3fn"])
-def test_paged_attention_heads_split(rng, mk, mesh, heads, cache):
+def test_paged_attention_heads_split(rng, mk, mesh, partitioner, heads, cache):
     h, hk = heads
     seq_lens = np.array([37, 5, 60, 9], np.int32)
     kc, vc, tables = mk.paged_kv(rng, cache, seq_lens, 16, hk, 32)
     qsl = mk.cu_seqlens([2, 5, 1, 1])
     query = mk.random_array(rng, (int(qsl[-1]) + 2, h, 32), "bfloat16")
     cs = P(None, None, "x") if hk % N == 0 else P()
+    alibi = mk.alibi(rng, h)  # split like the query heads, or replicated and sliced per shard
     args = [put(mesh, query, P(None, "x")), put(mesh, kc, cs), put(mesh, vc, cs),
             put(mesh, seq_lens, P()), put(mesh, tables, P()), put(mesh, qsl, P()),
             put(mesh, np.int32(3), P()), put(mesh, np.float32(0.5), P()),
-            put(mesh, np.float32(1.5), P())]
-    fn = jax.jit(lambda q, kc, vc, sl, bt, qs, n, ks, vs: xj.paged_attention(
+            put(mesh, np.float32(1.5), P()),
+            put(mesh, alibi, P("x") if cache == "bfloat16" else P())]
+    fn = jax.jit(lambda q, kc, vc, sl, bt, qs, n, ks, vs, al: xj.paged_attention(
         q, kc, vc, sl, bt, qs, 0.2, sliding_window=40, soft_cap=8.0, num_seqs=n, k_scale=ks,
-        v_scale=vs))
+        v_scale=vs, alibi_slopes=al, max_query_len=5))
     out = fn(*args)
     assert shard_shape(out) == (query.shape[0], h // N, 32)
     assert collectives(fn, *args) == set()
     want = ref.paged_attention_ref(query, kc, vc, seq_lens, tables, qsl, 0.2, sliding_window=40,
-                                   soft_cap=8.0, k_scale=0.5, v_scale=1.5, num_seqs=3)
+                                   soft_cap=8.0, k_scale=0.5, v_scale=1.5, num_seqs=3,
+                                   alibi_slopes=alibi)
     ref.assert_attention_close(np.asarray(out), want, "bfloat16", valid_rows=int(qsl[3]))
 
 
@@ -356,9 +359,11 @@ def test_sharded_helper_dense_paged_and_cache(rng, mk, mesh, mesh2d):
     seq_lens, qsl = np.array([20, 3], np.int32), mk.cu_seqlens([1, 1])
     query = mk.random_array(rng, (2, 8, 32), "float32")
     paged = xj.sharded(xj.paged_attention, mesh, head_axis="x")
-    out = jax.jit(lambda *a: paged(*a, 0.3))(query, kc, vc, seq_lens, tables, qsl)
+    alibi = mk.alibi(rng, 8)
+    out = jax.jit(lambda *a: paged(*a, 0.3, alibi_slopes=alibi, max_query_len=1))(
+        query, kc, vc, seq_lens, tables, qsl)
     ref.assert_attention_close(np.asarray(out), ref.paged_attention_ref(
-        query, kc, vc, seq_lens, tables, qsl, 0.3), "float32")
+        query, kc, vc, seq_lens, tables, qsl, 0.3, alibi_slopes=alibi), "float32")
 
     write = jax.jit(xj.sharded(xj.reshape_and_cache_flash, mesh, head_axis="x"),
                     donate_argnums=(2, 3))

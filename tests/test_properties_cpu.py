@@ -127,6 +127,7 @@ def paged_configs(draw):
                 num_seqs=draw(st.one_of(st.none(), st.integers(0, n))),
                 window=draw(st.one_of(st.none(), st.integers(1, 20))),
                 soft_cap=draw(st.one_of(st.none(), st.sampled_from([1.0, 10.0]))),
+                alibi=draw(st.booleans()), hint=draw(st.booleans()),
                 pad=draw(st.integers(0, 2)), seed=draw(st.integers(0, 2 ** 32 - 1)))
 
 
@@ -146,9 +147,12 @@ def test_paged_attention_property(mk, cfg):
         kw |= dict(k_scale=np.float32(rng.uniform(0.2, 2)), v_scale=np.float32(rng.uniform(0.2, 2)))
     if cfg["num_seqs"] is not None:
         kw["num_seqs"] = np.array(cfg["num_seqs"], np.int32)
+    if cfg["alibi"]:
+        kw["alibi_slopes"] = mk.alibi(rng, cfg["heads"])
+    hint = dict(max_query_len=max(cfg["lens_q"]) or 1) if cfg["hint"] else {}
     out = xla_attn.paged_attention(*map(jnp.asarray, (query, kc, vc, lens, tables, qsl)), 0.3,
                                    **{n: (jnp.asarray(x) if isinstance(x, np.ndarray | np.float32)
-                                          else x) for n, x in kw.items()})
+                                          else x) for n, x in kw.items()}, **hint)
     want = ref.paged_attention_ref(query, kc, vc, lens, tables, qsl, 0.3, **kw)
     n = len(lens) if cfg["num_seqs"] is None else cfg["num_seqs"]
     ref.assert_attention_close(np.asarray(out), want, cfg["dtype"], valid_rows=int(qsl[n]))

@@ -335,16 +335,18 @@ def test_paged_attention_matches_scalar_loop():
     lens_q = [2, 1, 4]
     qsl = _cu(lens_q)
     q = rng.standard_normal((qsl[-1] + 3, nh, d))
-    for window, cap in ((None, None), (3, None), (None, 2.5), (2, 0.8)):
+    slopes = rng.uniform(0.1, 1.0, nh)
+    for window, cap, alibi in ((None, None, None), (3, None, None), (None, 2.5, None),
+                               (2, 0.8, None), (None, None, slopes), (3, 1.5, slopes)):
         got = ref.paged_attention_ref(q, kc, vc, seq_lens, tables, qsl, 0.7, sliding_window=window,
-                                      soft_cap=cap)
+                                      soft_cap=cap, alibi_slopes=alibi)
         # as flash attention: causal (right = 0) with left = W - 1, paged keys
         want, _ = _loop_attention(q, kc, vc, qsl, _cu(seq_lens), 0.7, causal=True,
                                   window=(-1 if window is None else window - 1, -1),
-                                  softcap=cap or 0.0, block_table=tables)
+                                  softcap=cap or 0.0, alibi=alibi, block_table=tables)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
         # sliding window W: key j is visible iff pos - j < W (checked directly)
-        if window is not None:
+        if window is not None and alibi is None:
             i, s = 3, 2  # last query of sequence 2, pos = 12 - 4 + 3 = 11
             kv = [(tables[s, j // bs], j % bs) for j in range(11 - window + 1, 12)]
             keys = np.stack([kc[blk, o] for blk, o in kv])

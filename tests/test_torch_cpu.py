@@ -217,7 +217,15 @@ PAGED_CASES = {
     "window_softcap": dict(sliding_window=5, soft_cap=8.0),
     "padded_batch": dict(num_seqs=3, pad_q=2),
     "mqa": dict(heads_k=1, sliding_window=3),
+    "alibi_max_query_len": dict(alibi=True, max_query_len=3),
+    "alibi_window_softcap": dict(alibi=True, sliding_window=5, soft_cap=8.0, num_seqs=3, pad_q=2),
 }
+
+
+def paged_extras(rng, mk, case):
+    """alibi_slopes (numpy or None) and max_query_len of a PAGED_CASES entry."""
+    c = PAGED_CASES[case]
+    return (mk.alibi(rng, 4) if c.get("alibi") else None), c.get("max_query_len")
 
 
 def check_paged(rng, mk, device, dtype, case, cache=None, kv_cache_dtype="auto"):
@@ -237,15 +245,18 @@ def check_paged(rng, mk, device, dtype, case, cache=None, kv_cache_dtype="auto")
     qsl = mk.cu_seqlens(qlens)
     seq_lens = np.asarray(lens, np.int32)
     num_seqs = np.asarray(c["num_seqs"], np.int32) if "num_seqs" in c else None
+    alibi, max_query_len = paged_extras(rng, mk, case)
     kw = dict(scale=0.2, sliding_window=c.get("sliding_window"), soft_cap=c.get("soft_cap"),
               kv_cache_dtype=kv_cache_dtype)
     out = xt.paged_attention(tt(query, device), tt(kc, device), tt(vc, device),
                              tt(seq_lens, device), tt(table, device), tt(qsl, device),
                              k_scale=tt(k_scale, device), v_scale=tt(v_scale, device),
-                             num_seqs=tt(num_seqs, device), **kw)
+                             num_seqs=tt(num_seqs, device), alibi_slopes=tt(alibi, device),
+                             max_query_len=max_query_len, **kw)
     assert out.dtype == tt(query).dtype and out.shape == query.shape
     expected = ref.paged_attention_ref(query, kc, vc, seq_lens, table, qsl, **kw,
-                                       k_scale=k_scale, v_scale=v_scale, num_seqs=num_seqs)
+                                       k_scale=k_scale, v_scale=v_scale, num_seqs=num_seqs,
+                                       alibi_slopes=alibi)
     assert_close(out, expected, ref.BOUNDS[dtype])
 
 
@@ -346,8 +357,8 @@ def opcheck_case(case, device="cpu"):
                                        s["cu_q"], s["cu_k"], None, s["alibi"], *fwd_attrs)
     if case == "paged_attention":
         return ops.paged_attention.default, (s["q"], u8, u8.clone(), s["lens"], s["table"],
-                                             s["cu_q"], None, scale, scale, 0.2, 0.0, 4,
-                                             "fp8_e4m3")
+                                             s["cu_q"], None, scale, scale, s["alibi"][0], 0.2,
+                                             0.0, 4, "fp8_e4m3", 6)
     if case == "reshape_and_cache_flash":
         return ops.reshape_and_cache_flash.default, (s["k"], s["v"], s["kc"], s["vc"], s["slots"],
                                                      None, None, "auto")
@@ -445,6 +456,32 @@ def test_direct_op_calls_are_checked_too():
     with pytest.raises(ValueError, match="softmax_lse must have shape"):
         torch.ops.xla_attn.flash_bwd(s["q"], s["q"], s["k"], s["v"], s["q"], s["lens"].float(),
                                      s["cu_q"], s["cu_k"], None, None, 0.2, 0.0, -1, -1, 6, 7)
+
+
+def test_paged_alibi_and_max_query_len_errors():
+    """Bad alibi_slopes and max_query_len are refused by name; a max_query_len below a
+    sequence's query count (query_start_loc [0, 4, 10]: 6 queries) is refused by the
+    Host, which reads the counts."""
+    s = small_inputs()
+    args = (s["q"], s["kc"], s["vc"], s["lens"], s["table"], s["cu_q"], 0.2)
+    with pytest.raises(ValueError) as info:
+        xt.paged_attention(*args, alibi_slopes=s["alibi"])
+    assert str(info.value) == ("paged_attention: alibi_slopes must have shape (num_heads,) = "
+                               "(4,), got (2, 4)")
+    with pytest.raises(TypeError) as info:
+        xt.paged_attention(*args, alibi_slopes=s["alibi"][0].double())
+    assert str(info.value) == "paged_attention: alibi_slopes must be float32, got float64"
+    with pytest.raises(ValueError) as info:
+        xt.paged_attention(*args, max_query_len=0)
+    assert str(info.value) == "paged_attention: max_query_len must be >= 1, got 0"
+    with pytest.raises(TypeError) as info:
+        xt.paged_attention(*args, max_query_len=6.0)
+    assert str(info.value) == "paged_attention: max_query_len must be a Python int, got float"
+    with pytest.raises(RuntimeError) as info:
+        xt.paged_attention(*args, max_query_len=5)
+    assert str(info.value) == ("paged_attention: sequence 1 has 6 queries (query_start_loc), "
+                               "more than max_query_len = 5")
+    assert torch.equal(xt.paged_attention(*args, max_query_len=6), xt.paged_attention(*args))
 
 
 def test_native_errors_raise_runtime_error():

@@ -492,16 +492,21 @@ def test_legacy_paged_attention_descriptors_run_on_the_host(rng, mk, legacy_call
         scales = [mk.f32(0.5), mk.f32(1.5)]
     qsl, seq_lens = mk.cu_seqlens(qlens), np.asarray(lens, np.int32)
     num_seqs = np.asarray(c["num_seqs"], np.int32) if "num_seqs" in c else None
+    alibi, max_query_len = cases.paged_extras(rng, mk, case)
     arrays = [query, kc, vc, seq_lens, table, qsl]
     kw = dict(sliding_window=c.get("sliding_window"), soft_cap=c.get("soft_cap"),
-              kv_cache_dtype=fmt)
+              kv_cache_dtype=fmt, max_query_len=max_query_len)
     xla_attn.paged_attention(*(cases.tt(x, DEV) for x in arrays), 0.2, **kw,
                              num_seqs=cases.tt(num_seqs, DEV), k_scale=cases.tt(scales[0], DEV),
-                             v_scale=cases.tt(scales[1], DEV))
+                             v_scale=cases.tt(scales[1], DEV),
+                             alibi_slopes=cases.tt(alibi, DEV))
     expected = xt.paged_attention(*map(cases.tt, arrays), 0.2, **kw,
                                   num_seqs=cases.tt(num_seqs), k_scale=cases.tt(scales[0]),
-                                  v_scale=cases.tt(scales[1]))
-    (out,) = legacy_host(legacy_calls[0], arrays + [num_seqs, *scales],
+                                  v_scale=cases.tt(scales[1]), alibi_slopes=cases.tt(alibi))
+    assert [op for op, _ in legacy_calls] == ["paged_attention_v2"]
+    fields = _xla_legacy.decode("paged_attention_v2", legacy_calls[0][1])
+    assert fields["max_query_len"] == (max_query_len or 0)
+    (out,) = legacy_host(legacy_calls[0], arrays + [num_seqs, *scales, alibi],
                          [(query.shape, query.dtype)])
     assert_same_bits(out, expected, "paged_attention out")
 
@@ -576,10 +581,13 @@ SPMD = textwrap.dedent("""
     print("cache equal:", torch.equal(kxc.cpu(), kcache) and torch.equal(vxc.cpu(), vcache))
     lens = torch.tensor([5, 7], dtype=torch.int32)
     table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    slopes = torch.rand(8)  # split with the query heads
     p = xx.paged_attention(q.to(dev), kxc, vxc, lens.to(dev), table.to(dev), cu_q.to(dev), 0.2,
+                           alibi_slopes=slopes.to(dev), max_query_len=6,
                            partition_spec=heads, mesh=mesh)
     print("paged equal:", torch.equal(p.cpu(), xt.paged_attention(q, kcache, vcache, lens, table,
-                                                                  cu_q, 0.2)))
+                                                                  cu_q, 0.2,
+                                                                  alibi_slopes=slopes)))
     qd, kd, vd = torch.randn(4, 8, 8, 16), torch.randn(4, 8, 4, 16), torch.randn(4, 8, 4, 16)
     seg = torch.tensor([[1, 1, 1, 2, 2, 2, 2, 2], [3, 3, 4, 4, 4, 4, 5, 5]] * 2,
                        dtype=torch.int32)

@@ -165,14 +165,18 @@ def _paged_inputs(rng, mk):
     return query, kc, vc, tables, mk.cu_seqlens([1, 3, 1])
 
 
-@pytest.mark.parametrize("mapped", ["query", "query+caches+lens"])
+@pytest.mark.parametrize("mapped", ["query", "query+caches+lens", "alibi"])
 def test_paged_attention_loops(rng, mk, mapped):
     query, kc, vc, tables, qsl = _paged_inputs(rng, mk)
     lens = np.array([[9, 30, 1], [3, 30, 0], [9, 1, 1]], np.int32)
-    f = functools.partial(xj.paged_attention, scale=0.2, soft_cap=5.0)
+    f = functools.partial(xj.paged_attention, scale=0.2, soft_cap=5.0, max_query_len=3)
     if mapped == "query":
-        g = lambda q: f(q, kc, vc, lens[0], tables, qsl)  # noqa: E731
+        slopes = mk.alibi(rng, 4)
+        g = lambda q: f(q, kc, vc, lens[0], tables, qsl, alibi_slopes=slopes)  # noqa: E731
         check(g, (0,), query, folded=False)
+    elif mapped == "alibi":
+        g = lambda a: f(query[0], kc, vc, lens[0], tables, qsl, alibi_slopes=a)  # noqa: E731
+        check(g, (0,), mk.alibi(rng, V, 4), folded=False)
     else:
         caches = np.stack([kc, vc, kc])
         g = lambda q, c, n: f(q, c, c, n, tables, qsl)  # noqa: E731

@@ -122,6 +122,54 @@ def test_paged_attention_and_cache_write_through_descriptors(rng, mk):
     ref.assert_bits_equal(new_v, v_ref)
 
 
+def paged_v2_descriptor(query, kc, table, present, **over):
+    fields = dict(total_q=query.shape[0], workspace_bytes=0, max_num_seqs=table.shape[0],
+                  num_heads=query.shape[1], num_heads_k=kc.shape[2], head_dim=query.shape[2],
+                  num_blocks=kc.shape[0], block_size=kc.shape[1],
+                  max_blocks_per_seq=table.shape[1], sliding_window=0, scale=0.2, soft_cap=0.0,
+                  q_dtype=CODES["float32"], cache_dtype=CODES["float32"], max_query_len=0)
+    return _xla_legacy.encode("paged_attention_v2", present, **(fields | over))
+
+
+def test_paged_attention_v2_descriptor_carries_alibi_and_max_query_len(rng, mk):
+    """Op 5 (xla_attn_paged_attention_v2's body): buffer 9 is alibi_slopes, the body
+    ends with max_query_len, which the Host checks against query_start_loc. The v1 body
+    (op 3) is unchanged and still decodes (test above)."""
+    lens, qlens = [9, 6, 13], [3, 1, 2]
+    query = mk.random_array(rng, (7, 4, 32), "float32")
+    kc, vc, table = mk.paged_kv(rng, "float32", lens, 4)
+    qsl, seq_lens = mk.cu_seqlens(qlens), np.asarray(lens, np.int32)
+    alibi = mk.alibi(rng, 4)
+    out = np.full(query.shape, np.nan, np.float32)
+    buffers = [query, kc, vc, seq_lens, table, qsl, None, None, None, alibi, out,
+               np.zeros(1, np.uint8)]
+    present = _xla_legacy.present_mask(*buffers[:10])
+    assert present == 0b1000111111
+    assert _xla_legacy.size("paged_attention_v2") == _xla_legacy.size("paged_attention") + 4
+    desc = paged_v2_descriptor(query, kc, table, present, sliding_window=5, soft_cap=4.0,
+                               max_query_len=3)
+    assert legacy_run(desc, buffers) == ""
+    expected = ref.paged_attention_ref(query, kc, vc, seq_lens, table, qsl, 0.2,
+                                       sliding_window=5, soft_cap=4.0, alibi_slopes=alibi)
+    assert ref.rel_error(out, expected) < 1e-5
+    plain = ref.paged_attention_ref(query, kc, vc, seq_lens, table, qsl, 0.2, sliding_window=5,
+                                    soft_cap=4.0)
+    assert ref.rel_error(out, plain) > 0.05
+    # alibi_slopes absent (its present bit clear): no bias even with a buffer in the slot
+    assert legacy_run(paged_v2_descriptor(query, kc, table, present & ~(1 << 9), sliding_window=5,
+                                          soft_cap=4.0), buffers) == ""
+    assert ref.rel_error(out, plain) < 1e-5
+    message = legacy_run(paged_v2_descriptor(query, kc, table, present, max_query_len=2), buffers)
+    assert message == ("paged_attention: sequence 0 has 3 queries (query_start_loc), more than "
+                       "max_query_len = 2")
+    # a v1 descriptor handed to the v2 op code's layout is refused by size
+    v1 = _xla_legacy.encode("paged_attention", 0, **{
+        n: v for n, v in _xla_legacy.decode("paged_attention_v2", desc).items()
+        if n not in ("magic", "version", "op", "size", "present", "max_query_len")})
+    wrong = v1[:6] + struct.pack("<H", 5) + v1[8:]
+    assert "op 5 takes 84 bytes, got 80" in legacy_run(wrong, buffers)
+
+
 def _valid():
     q = np.zeros((4, 2, 8), np.float32)
     return flash_descriptor(q, q, [0, 4], "float32", 0)

@@ -105,7 +105,8 @@ size_t xla_attn_flash_fwd_workspace_size(int64_t total_q, int32_t batch, int32_t
 
 size_t xla_attn_paged_attention_workspace_size(int64_t total_q, int32_t max_num_seqs,
                                                int32_t num_heads, int32_t head_dim,
-                                               int32_t max_blocks_per_seq, int32_t block_size) {
+                                               int32_t max_blocks_per_seq, int32_t block_size,
+                                               int32_t max_query_len) {
   xla_attn_paged_attention_params p{};
   p.total_q = total_q;
   p.max_num_seqs = max_num_seqs;
@@ -113,6 +114,7 @@ size_t xla_attn_paged_attention_workspace_size(int64_t total_q, int32_t max_num_
   p.head_dim = head_dim;
   p.max_blocks_per_seq = max_blocks_per_seq;
   p.block_size = block_size;
+  p.max_query_len = max_query_len;  // bounds the flash grid, which changes its split plan
   return num_heads > 0 && head_dim > 0 ? xla_attn::workspace_size(p) : 0;
 }
 

@@ -1,4 +1,4 @@
-/* xla_attn C ABI, version 1: the params structs of kernels/<op>/params.h filled by
+/* xla_attn C ABI, version 2: the params structs of kernels/<op>/params.h filled by
  * the caller, run on the Host or on a CUDA stream. For torch eager, EXLA, tests.
  * Every function returns 0 on success, else non-zero with a message in `error`. */
 #pragma once
@@ -10,14 +10,16 @@
 extern "C" {
 #endif
 
-#define XLA_ATTN_ABI_VERSION 1
+/* 2: paged_attention params gained max_query_len (its layout and
+ * xla_attn_paged_attention_workspace_size's arguments changed). */
+#define XLA_ATTN_ABI_VERSION 2
 
 /* The library is built with hidden visibility; these are its whole interface. */
 #define XLA_ATTN_EXPORT __attribute__((visibility("default")))
 
 XLA_ATTN_EXPORT int xla_attn_abi_version(void);
 XLA_ATTN_EXPORT const char* xla_attn_version(void);
-/* JSON: {"abi": 1, "version": ..., "cuda_runtime": ..., "modules": [...], "variants": [...]} */
+/* JSON: {"abi": 2, "version": ..., "cuda_runtime": ..., "modules": [...], "variants": [...]} */
 XLA_ATTN_EXPORT const char* xla_attn_build_info(void);
 
 XLA_ATTN_EXPORT int xla_attn_flash_fwd(const xla_attn_flash_fwd_params* params, int platform, void* stream,
@@ -46,7 +48,8 @@ XLA_ATTN_EXPORT size_t xla_attn_paged_attention_workspace_size(int64_t total_q,
                                                                int32_t max_num_seqs,
                                                                int32_t num_heads, int32_t head_dim,
                                                                int32_t max_blocks_per_seq,
-                                                               int32_t block_size);
+                                                               int32_t block_size,
+                                                               int32_t max_query_len);
 /* sizeof the params struct of `op` (flash_fwd, flash_bwd, paged_attention, reshape_and_cache_flash),
  * or 0: lets bindings that mirror the structs (ctypes) check their layout. */
 XLA_ATTN_EXPORT size_t xla_attn_params_size(const char* op);

@@ -265,7 +265,10 @@ def _paged_decode_sm80_variants():
             kernel=f"xla_attn_paged_decode_sm80_{q}_{kv}_d{d}",
             template=f"xla_attn::paged_decode_sm80<{DTYPES[q][1]}, {DTYPES[kv][1]}, {d}>",
             params="xla_attn::decode::Args", dtype0=q, dtype1=kv, head_dim_min=d,
-            head_dim_max=d, features=ALL_FEATURES, threads=128, min_blocks=2)
+            head_dim_max=d, features=ALL_FEATURES, threads=128,
+            # fp8's 4 stages leave shared memory for 3 blocks an SM; 3 keeps the registers
+            # there too (<= 168 a thread; ptxas used 166-167 unbounded)
+            min_blocks=3 if kv.startswith("f8") else 2)
 
 
 VARIANTS = (tuple(_reshape_and_cache_flash_variants()) + tuple(_flash_fwd_variants())

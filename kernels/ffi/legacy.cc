@@ -139,11 +139,11 @@ std::string flash_bwd(int platform, cudaStream_t stream, void** b, const char* o
   return xla_attn::run(p, platform, stream);
 }
 
-std::string paged_attention(int platform, cudaStream_t stream, void** b, const char* opaque,
-                            size_t len) {
-  xla_attn_legacy_paged_attention d{};
-  std::string error = decode(opaque, len, XLA_ATTN_LEGACY_PAGED_ATTENTION, &d);
-  if (!error.empty()) return error;
+// The params of either paged_attention descriptor (v2 is v1 plus ALiBi and the
+// max_query_len hint); the results start at buffer `results`.
+template <typename Desc>
+xla_attn_paged_attention_params paged_params(const Desc& d, int platform, void** b,
+                                             int results) {
   xla_attn_paged_attention_params p{};
   p.query = b[0];
   p.key_cache = b[1];
@@ -154,9 +154,9 @@ std::string paged_attention(int platform, cudaStream_t stream, void** b, const c
   p.num_seqs = static_cast<const int32_t*>(optional(d.header, b, 6));
   p.k_scale = static_cast<const float*>(optional(d.header, b, 7));
   p.v_scale = static_cast<const float*>(optional(d.header, b, 8));
-  p.out = b[9];
+  p.out = b[results];
   if (platform == XLA_ATTN_CUDA && d.workspace_bytes > 0) {
-    p.workspace = b[10];
+    p.workspace = b[results + 1];
     p.workspace_bytes = d.workspace_bytes;
   }
   p.total_q = d.total_q;
@@ -172,6 +172,25 @@ std::string paged_attention(int platform, cudaStream_t stream, void** b, const c
   p.soft_cap = d.soft_cap;
   p.q_dtype = d.q_dtype;
   p.cache_dtype = d.cache_dtype;
+  return p;
+}
+
+std::string paged_attention(int platform, cudaStream_t stream, void** b, const char* opaque,
+                            size_t len) {
+  xla_attn_legacy_paged_attention d{};
+  std::string error = decode(opaque, len, XLA_ATTN_LEGACY_PAGED_ATTENTION, &d);
+  if (!error.empty()) return error;
+  return xla_attn::run(paged_params(d, platform, b, 9), platform, stream);
+}
+
+std::string paged_attention_v2(int platform, cudaStream_t stream, void** b, const char* opaque,
+                               size_t len) {
+  xla_attn_legacy_paged_attention_v2 d{};
+  std::string error = decode(opaque, len, XLA_ATTN_LEGACY_PAGED_ATTENTION_V2, &d);
+  if (!error.empty()) return error;
+  xla_attn_paged_attention_params p = paged_params(d, platform, b, 10);
+  p.alibi_slopes = static_cast<const float*>(optional(d.header, b, 9));
+  p.max_query_len = d.max_query_len;
   return xla_attn::run(p, platform, stream);
 }
 
@@ -233,6 +252,7 @@ LegacyOp op_function(int op) {
     case XLA_ATTN_LEGACY_FLASH_BWD: return flash_bwd;
     case XLA_ATTN_LEGACY_PAGED_ATTENTION: return paged_attention;
     case XLA_ATTN_LEGACY_RESHAPE_AND_CACHE_FLASH: return reshape_and_cache_flash;
+    case XLA_ATTN_LEGACY_PAGED_ATTENTION_V2: return paged_attention_v2;
     default: return nullptr;
   }
 }
@@ -303,6 +323,7 @@ XLA_ATTN_EXPORT size_t xla_attn_legacy_descriptor_size(int op) {
     case XLA_ATTN_LEGACY_PAGED_ATTENTION: return sizeof(xla_attn_legacy_paged_attention);
     case XLA_ATTN_LEGACY_RESHAPE_AND_CACHE_FLASH:
       return sizeof(xla_attn_legacy_reshape_and_cache_flash);
+    case XLA_ATTN_LEGACY_PAGED_ATTENTION_V2: return sizeof(xla_attn_legacy_paged_attention_v2);
     default: return 0;
   }
 }
@@ -327,6 +348,11 @@ XLA_ATTN_EXPORT void XlaAttnPagedAttentionV1Legacy(cudaStream_t stream, void** b
                                                    const char* opaque, size_t len,
                                                    XlaCustomCallStatus* status) {
   cuda_handler(XLA_ATTN_LEGACY_PAGED_ATTENTION, stream, buffers, opaque, len, status);
+}
+XLA_ATTN_EXPORT void XlaAttnPagedAttentionV2Legacy(cudaStream_t stream, void** buffers,
+                                                   const char* opaque, size_t len,
+                                                   XlaCustomCallStatus* status) {
+  cuda_handler(XLA_ATTN_LEGACY_PAGED_ATTENTION_V2, stream, buffers, opaque, len, status);
 }
 XLA_ATTN_EXPORT void XlaAttnReshapeAndCacheFlashV1Legacy(cudaStream_t stream, void** buffers,
                                                          const char* opaque, size_t len,

@@ -4,7 +4,8 @@
 // handlers read from buffer shapes and attributes: the scalar fields of the op's
 // params struct. Layout (little-endian, packed): a header, then the op's body.
 // src/xla_attn/_xla_legacy.py writes the same layout; a descriptor whose magic,
-// version, op or size differ is refused with a message naming what differs.
+// version, op or size differ is refused with a message naming what differs. An op's
+// body never changes: a new layout is a new op code (paged_attention_v2 beside 3).
 #pragma once
 #include <stdint.h>
 
@@ -19,6 +20,7 @@ enum {
   XLA_ATTN_LEGACY_FLASH_BWD = 2,
   XLA_ATTN_LEGACY_PAGED_ATTENTION = 3,
   XLA_ATTN_LEGACY_RESHAPE_AND_CACHE_FLASH = 4,
+  XLA_ATTN_LEGACY_PAGED_ATTENTION_V2 = 5,
 };
 
 #pragma pack(push, 1)
@@ -64,6 +66,18 @@ typedef struct xla_attn_legacy_paged_attention {
   int32_t q_dtype, cache_dtype;
 } xla_attn_legacy_paged_attention;
 
+// xla_attn_paged_attention_v2's. Buffers: query key_cache value_cache seq_lens
+// block_tables query_start_loc num_seqs k_scale v_scale alibi_slopes | out workspace.
+typedef struct xla_attn_legacy_paged_attention_v2 {
+  xla_attn_legacy_header header;
+  int64_t total_q, workspace_bytes;
+  int32_t max_num_seqs, num_heads, num_heads_k, head_dim, num_blocks, block_size;
+  int32_t max_blocks_per_seq, sliding_window;
+  float scale, soft_cap;
+  int32_t q_dtype, cache_dtype;
+  int32_t max_query_len;  // <= 0: unknown
+} xla_attn_legacy_paged_attention_v2;
+
 // Buffers: key value key_cache value_cache slot_mapping k_scale v_scale | key_cache
 // value_cache (results; the same buffers as operands 2 and 3 when aliased).
 typedef struct xla_attn_legacy_reshape_and_cache_flash {
@@ -82,4 +96,6 @@ XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_legacy_flash_bwd) == 16 + 2 * 8 + 12 * 4,
 XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_legacy_paged_attention) == 16 + 2 * 8 + 12 * 4,
                        "legacy descriptor v1 layout");
 XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_legacy_reshape_and_cache_flash) == 16 + 2 * 8 + 7 * 4,
+                       "legacy descriptor v1 layout");
+XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_legacy_paged_attention_v2) == 16 + 2 * 8 + 13 * 4,
                        "legacy descriptor v1 layout");

@@ -8,8 +8,10 @@
 //              sliding window w > 0 keeps key j iff pos - j < w, i.e. j >= pos - (w - 1),
 //              which is window_left = w - 1
 //   fp8 cache  elements dequantized as float(x) * k_scale / v_scale
-// Rows of out outside the first n sequences are 0.
+// Rows of out outside the first n sequences are 0. A max_query_len > 0 below some
+// sequence's query count is an error (on the GPU those rows would be NaN or unwritten).
 #include <algorithm>
+#include <string>
 
 #include "host/attention_core.h"
 #include "host/reference.h"
@@ -52,6 +54,12 @@ std::string paged_attention(const xla_attn_paged_attention_params& p) {
     int64_t q_end;
     clamp_range(p.query_start_loc, s, p.total_q, &seqs[s].q_start, &q_end);
     seqs[s].num_q = q_end - seqs[s].q_start;
+    // The hint sizes the GPU launch; the Host can read the counts, so it says so.
+    if (p.max_query_len > 0 && seqs[s].num_q > p.max_query_len) {
+      return "paged_attention: sequence " + std::to_string(s) + " has " +
+             std::to_string(seqs[s].num_q) + " queries (query_start_loc), more than " +
+             "max_query_len = " + std::to_string(p.max_query_len);
+    }
     seqs[s].num_k = std::clamp<int64_t>(p.seq_lens[s], 0, paging.capacity());
     seqs[s].keys = paging.keys_of(s);
     seqs[s].alibi_slopes = p.alibi_slopes;  // [num_heads], shared by all sequences

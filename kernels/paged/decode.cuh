@@ -50,7 +50,8 @@ __device__ void fill_rows(const xla_attn_paged_attention_params& p, int hk, int6
   Q* out = static_cast<Q*>(p.out);
   for (int64_t idx = threadIdx.x; idx < (last - first) * per_row; idx += blockDim.x) {
     const int64_t row = first + idx / per_row;
-    out[row * p.num_heads * p.head_dim + int64_t(hk) * per_row + idx % per_row] = from_float<Q>(value);
+    const int64_t col = int64_t(hk) * per_row + idx % per_row;
+    out[row * p.num_heads * p.head_dim + col] = from_float<Q>(value);
   }
 }
 

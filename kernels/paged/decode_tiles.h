@@ -93,13 +93,42 @@ XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int cache_bytes) {
 static_assert(smem_bytes(128, 2) <= 99 * 1024 && smem_bytes(128, 1) <= 99 * 1024,
               "decode_sm80 d128 exceeds sm_86/89's 99 KB");
 
-// Split-KV: split only while the grid is under one round of resident blocks (2 an SM
-// on an H100's 132 SMs at d128): B=64 x 8 kv heads then runs unsplit (splitting it 3
-// ways, as the FMA kernel's 8 x 132 target did, added a 12 us merge and 3 MB of
-// partials to a 375 us kernel). At least 64 keys (one tile per warp) per split, so
-// B=1 still gets ~264 blocks.
-constexpr int kTargetBlocks = 2 * 132;
-constexpr int kMinKeysPerSplit = kWarps * kTileKeys;
+// Blocks resident on an SM (an H100's 228 KB of shared memory, 1 KB of it reserved per
+// block): d128 16-bit 2, fp8 3; the d64 kernels (107-114 registers) stop at 4 by
+// registers. A constant of shapes, not of the device, so the workspace is too.
+XLA_ATTN_HOST_DEVICE constexpr int resident_blocks(int d, int cache_bytes) {
+  return 228 * 1024 / (smem_bytes(d, cache_bytes) + 1024) < 4
+             ? 228 * 1024 / (smem_bytes(d, cache_bytes) + 1024)
+             : 4;
+}
+static_assert(resident_blocks(128, 2) == 2 && resident_blocks(128, 1) == 3,
+              "the d128 occupancy quoted above (and the variants' min_blocks)");
+constexpr int kReferenceSms = 132;  // an H100 SXM
+constexpr int kMinKeysPerSplit = kWarps * kTileKeys;  // one tile per warp
 constexpr int kMaxSplits = 128;
+
+// Split-KV (flash-decoding): the fewest splits whose last wave of blocks fills >= 90 %
+// of the resident slots. Every block streams the same number of keys, and the kernel is
+// latency-bound per block, so a partial last wave takes as long as a full one: ncu,
+// fp8 d128 at B=64 (512 blocks on 396 slots, 1.31 waves) read at 62 % of the DRAM
+// bandwidth, the bf16 kernel (512 on 264, 1.94 waves) at 89 %. Splitting B=1 fills the
+// GPU the same way (8 blocks -> 30 splits at d128 16-bit). At most max_splits.
+XLA_ATTN_HOST_DEVICE constexpr int wave_splits(int64_t blocks, int64_t slots, int max_splits) {
+  int best = 1;
+  int64_t best_used = 0, best_total = 1;  // best fill as a fraction used / total
+  for (int s = 1; s <= max_splits; ++s) {
+    const int64_t used = blocks * s, total = (used + slots - 1) / slots * slots;
+    if (10 * used >= 9 * total) return s;
+    if (used * best_total > best_used * total) {
+      best = s;
+      best_used = used;
+      best_total = total;
+    }
+  }
+  return best;
+}
+static_assert(wave_splits(64 * 8, 132 * 2, 128) == 1 && wave_splits(64 * 8, 132 * 3, 128) == 3 &&
+                  wave_splits(8, 132 * 2, 64) == 30,
+              "the split counts quoted above");
 
 }  // namespace xla_attn::decode_sm80

@@ -35,8 +35,11 @@ xla_attn_flash_fwd_params as_flash(const xla_attn_paged_attention_params& p) {
   f.num_heads = p.num_heads;
   f.num_heads_k = p.num_heads_k;
   f.head_dim = p.head_dim;
-  // Query counts per sequence live on the device; total_q bounds them all.
-  f.max_seqlen_q = int32_t(p.total_q < (int64_t(1) << 30) ? p.total_q : (int64_t(1) << 30));
+  // Query counts per sequence live on the device; total_q bounds them all, and the
+  // caller's max_query_len, when given, bounds them tighter (a smaller row grid).
+  int64_t max_q = std::min<int64_t>(p.total_q, int64_t(1) << 30);
+  if (p.max_query_len > 0) max_q = std::min<int64_t>(max_q, p.max_query_len);
+  f.max_seqlen_q = int32_t(max_q);
   f.max_seqlen_k = p.max_blocks_per_seq * p.block_size;
   f.num_blocks = p.num_blocks;
   f.block_size = p.block_size;
@@ -60,21 +63,9 @@ unsigned features_of(const xla_attn_paged_attention_params& p) {
   return f;
 }
 
-// How a decode kernel splits the keys (flash-decoding) when the grid alone cannot
-// fill the GPU. Constants of each kernel's tiles header, not the device's SM count,
-// so the workspace is a function of shapes alone.
-struct SplitPolicy {
-  int target_blocks;     // blocks that fill the reference GPU
-  int min_keys_per_split;
-  int max_splits;
-};
-constexpr SplitPolicy kFmaSplits{decode::kTargetBlocks, decode::kMinKeysPerSplit,
-                                 decode::kMaxSplits};
-constexpr SplitPolicy kMmaSplits{decode_sm80::kTargetBlocks, decode_sm80::kMinKeysPerSplit,
-                                 decode_sm80::kMaxSplits};
-
-// How the decode kernel would run this call. It depends on shapes alone, so the
-// workspace can be sized at trace time.
+// How the decode kernel would run this call. It depends on shapes alone (the split
+// policies use a reference GPU's SM count, not the device's), so the workspace can be
+// sized at trace time.
 struct DecodePlan {
   int rows;        // query rows per block of the FMA kernel (its variant's r4 / r8)
   int max_q;       // longest query span the decode kernels take
@@ -82,16 +73,27 @@ struct DecodePlan {
   size_t workspace;
 };
 
-DecodePlan decode_plan(const xla_attn_paged_attention_params& p, const SplitPolicy& policy) {
+enum class DecodeKernel { kFma, kMma };
+
+DecodePlan decode_plan(const xla_attn_paged_attention_params& p, DecodeKernel kernel) {
   const int group = p.num_heads / std::max(p.num_heads_k, 1);
   DecodePlan plan{decode::rows_per_block(group), decode::max_query_span(group), 1, 0};
   const int64_t blocks = std::max<int64_t>(1, int64_t(p.max_num_seqs) * p.num_heads_k);
   const int64_t max_k = int64_t(p.max_blocks_per_seq) * p.block_size;
-  const int64_t want = (policy.target_blocks + blocks - 1) / blocks;
-  const int64_t by_keys = std::max<int64_t>(1, max_k / policy.min_keys_per_split);
-  plan.splits = int(std::clamp<int64_t>(std::min(want, by_keys), 1, policy.max_splits));
+  if (kernel == DecodeKernel::kMma) {
+    namespace t = decode_sm80;
+    const int64_t by_keys = std::clamp<int64_t>(max_k / t::kMinKeysPerSplit, 1, t::kMaxSplits);
+    const int cache_bytes = is_fp8_dtype(p.cache_dtype) ? 1 : 2;
+    const int64_t slots = int64_t(t::kReferenceSms) * t::resident_blocks(p.head_dim, cache_bytes);
+    plan.splits = t::wave_splits(blocks, slots, int(by_keys));
+  } else {  // enough blocks for the reference GPU, each split >= kMinKeysPerSplit keys
+    const int64_t want = (decode::kTargetBlocks + blocks - 1) / blocks;
+    const int64_t by_keys = std::max<int64_t>(1, max_k / decode::kMinKeysPerSplit);
+    plan.splits = int(std::clamp<int64_t>(std::min(want, by_keys), 1, decode::kMaxSplits));
+  }
   if (plan.splits > 1) {
-    plan.workspace = size_t(plan.splits) * p.total_q * p.num_heads * (p.head_dim + 1) * sizeof(float);
+    plan.workspace =
+        size_t(plan.splits) * p.total_q * p.num_heads * (p.head_dim + 1) * sizeof(float);
   }
   return plan;
 }
@@ -126,8 +128,8 @@ bool is_mma(const dispatch::VariantEntry& v) {
 // Launches decode kernel `v` (and its split merge) under `plan`.
 std::string launch_decode(const xla_attn_paged_attention_params& p,
                           const dispatch::VariantEntry& v, size_t smem, const DecodePlan& plan,
-                          int arch, cudaStream_t stream) {
-  const decode::Args args{p, plan.splits, plan.max_q};
+                          bool no_flash_follows, int arch, cudaStream_t stream) {
+  const decode::Args args{p, plan.splits, plan.max_q, no_flash_follows ? 1 : 0};
   // (splits, kv heads, sequences + 1 block row that zeroes the padding queries)
   const dim3 grid(plan.splits, p.num_heads_k, p.max_num_seqs + 1);
   std::string error = dispatch::launch(v, grid, smem, stream, &args);
@@ -144,7 +146,8 @@ std::string launch_decode(const xla_attn_paged_attention_params& p,
 // The decode kernel and the flash forward share the workspace (they run one after
 // the other on the stream): the larger of the two.
 size_t workspace_size(const xla_attn_paged_attention_params& p) {
-  return std::max({decode_plan(p, kFmaSplits).workspace, decode_plan(p, kMmaSplits).workspace,
+  return std::max({decode_plan(p, DecodeKernel::kFma).workspace,
+                   decode_plan(p, DecodeKernel::kMma).workspace,
                    workspace_size(as_flash(p))});
 }
 
@@ -157,19 +160,23 @@ std::string launch_cuda(const xla_attn_paged_attention_params& p, cudaStream_t s
   if (arch < 0) return error;
   size_t smem = 0;
   const dispatch::VariantEntry* v = decode_variant(p, arch, &smem);
-  const DecodePlan plan = decode_plan(p, v && is_mma(*v) ? kMmaSplits : kFmaSplits);
+  const DecodePlan plan =
+      decode_plan(p, v && is_mma(*v) ? DecodeKernel::kMma : DecodeKernel::kFma);
+  // Query counts are device data: unless no sequence can exceed the decode kernel's
+  // span (total_q, or the caller's max_query_len, says so), the flash forward runs
+  // too and takes the longer ones (chunked prefill).
+  const bool decode_only =
+      v && (p.total_q <= plan.max_q || (p.max_query_len > 0 && p.max_query_len <= plan.max_q));
   if (v) {
     if (plan.workspace > 0 && (!p.workspace || size_t(p.workspace_bytes) < plan.workspace)) {
       return "paged_attention: the split-KV workspace is missing or smaller than "
              "xla_attn_workspace_size() asked for";
     }
-    error = launch_decode(p, *v, smem, plan, arch, stream);
+    error = launch_decode(p, *v, smem, plan, decode_only, arch, stream);
     if (!error.empty()) return error;
   }
+  if (decode_only) return "";
   const bool decoded = v != nullptr;
-  // Query counts are device data: unless no sequence can exceed the decode kernel's
-  // span, the flash forward runs too and takes the longer ones (chunked prefill).
-  if (decoded && p.total_q <= plan.max_q) return "";
   xla_attn_flash_fwd_params f = as_flash(p);
   f.decode_max_q = decoded ? plan.max_q : 0;
   return launch_cuda(f, stream);

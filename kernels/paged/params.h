@@ -35,10 +35,13 @@ typedef struct xla_attn_paged_attention_params {
   float soft_cap;                  // 0: off
   xla_attn_dtype q_dtype;
   xla_attn_dtype cache_dtype;      // storage format of the caches (fp8 for uint8 caches)
+  int32_t max_query_len;           // longest query span of any sequence (a launch hint like
+                                   // flash's max_seqlen_q); <= 0: unknown, bounded by total_q
+  int32_t reserved0;
 } xla_attn_paged_attention_params;
 
-XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_paged_attention_params) == 12 * 8 + 2 * 8 + 12 * 4,
-                       "paged_attention params layout is part of the C ABI v1");
+XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_paged_attention_params) == 12 * 8 + 2 * 8 + 14 * 4,
+                       "paged_attention params layout is part of the C ABI v2");
 
 #ifdef __cplusplus
 }

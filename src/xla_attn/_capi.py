@@ -151,6 +151,8 @@ class PagedAttentionParams(_Params):
         ("soft_cap", ctypes.c_float),
         ("q_dtype", _dtype),
         ("cache_dtype", _dtype),
+        ("max_query_len", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
     ]
 
 

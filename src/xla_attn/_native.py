@@ -8,7 +8,7 @@ import json
 import os
 import pathlib
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIBRARY = pathlib.Path(__file__).parent / "lib" / "libxla_attn.so"
 
 # FFI handler symbols, per target: (host symbol, CUDA symbol).
@@ -16,6 +16,7 @@ HANDLERS = {
     "xla_attn_flash_fwd_v1": ("XlaAttnFlashFwdV1Host", "XlaAttnFlashFwdV1Cuda"),
     "xla_attn_flash_bwd_v1": ("XlaAttnFlashBwdV1Host", "XlaAttnFlashBwdV1Cuda"),
     "xla_attn_paged_attention_v1": ("XlaAttnPagedAttentionV1Host", "XlaAttnPagedAttentionV1Cuda"),
+    "xla_attn_paged_attention_v2": ("XlaAttnPagedAttentionV2Host", "XlaAttnPagedAttentionV2Cuda"),
     "xla_attn_reshape_and_cache_flash_v1": (
         "XlaAttnReshapeAndCacheFlashV1Host", "XlaAttnReshapeAndCacheFlashV1Cuda"),
 }
@@ -42,7 +43,7 @@ def lib() -> ctypes.CDLL:
     i32, i64 = ctypes.c_int32, ctypes.c_int64
     handle.xla_attn_flash_fwd_workspace_size.argtypes = [i64, i32, i32, i32, i32, i32]
     handle.xla_attn_flash_fwd_workspace_size.restype = ctypes.c_size_t
-    handle.xla_attn_paged_attention_workspace_size.argtypes = [i64, i32, i32, i32, i32, i32]
+    handle.xla_attn_paged_attention_workspace_size.argtypes = [i64, i32, i32, i32, i32, i32, i32]
     handle.xla_attn_paged_attention_workspace_size.restype = ctypes.c_size_t
     abi = handle.xla_attn_abi_version()
     if abi != ABI_VERSION:
@@ -76,10 +77,13 @@ def flash_fwd_workspace_size(total_q: int, batch: int, num_heads: int, head_dim:
 
 
 def paged_attention_workspace_size(total_q: int, max_num_seqs: int, num_heads: int,
-                                   head_dim: int, max_blocks_per_seq: int, block_size: int) -> int:
-    """Bytes of the `workspace` result of xla_attn_paged_attention_v1."""
+                                   head_dim: int, max_blocks_per_seq: int, block_size: int,
+                                   max_query_len: int = 0) -> int:
+    """Bytes of the `workspace` result of xla_attn_paged_attention_v2 (v1: max_query_len
+    0). The hint bounds the flash grid, whose split plan, and so the size, depends on it."""
     return lib().xla_attn_paged_attention_workspace_size(total_q, max_num_seqs, num_heads,
-                                                         head_dim, max_blocks_per_seq, block_size)
+                                                         head_dim, max_blocks_per_seq, block_size,
+                                                         max_query_len)
 
 
 def device_arch() -> tuple[int, str]:

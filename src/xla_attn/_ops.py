@@ -184,14 +184,18 @@ def flash_dense_check(q, k, v) -> tuple[int, int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class PagedSpec:
+    """Static attributes of xla_attn_paged_attention_v2."""
+
     scale: float
     soft_cap: float
     sliding_window: int
     kv_cache_dtype: str
+    max_query_len: int = 0  # 0: unknown
 
     def attributes(self) -> dict:
         return {"scale": self.scale, "soft_cap": self.soft_cap,
-                "sliding_window": self.sliding_window, "kv_cache_dtype": self.kv_cache_dtype}
+                "sliding_window": self.sliding_window, "kv_cache_dtype": self.kv_cache_dtype,
+                "max_query_len": self.max_query_len}
 
 
 def _cache_format(c: _Check, kv_cache_dtype, cache, src_dtype: str | None) -> str:
@@ -225,7 +229,11 @@ def _cache_pair(c: _Check, key_cache, value_cache, allowed: tuple[str, ...]):
 
 def paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
                          scale, sliding_window, soft_cap, k_scale, v_scale, num_seqs,
-                         kv_cache_dtype="auto") -> PagedSpec:
+                         kv_cache_dtype="auto", alibi_slopes=None,
+                         max_query_len=None) -> PagedSpec:
+    """max_query_len: None, or a bound (>= 1) on every sequence's query count, which
+    sizes the GPU launch (a decode batch: 1). A bound below a real count is an error on
+    the Host; on a GPU the rows of that sequence are NaN or left unwritten."""
     c = _Check("paged_attention")
     _, num_heads, head_dim = c.rank("query", query, 3, "(total_q, num_heads, head_dim)")
     q_dtype = c.dtype("query", query, FLOAT_DTYPES)
@@ -247,11 +255,20 @@ def paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables, 
     c.scalar("k_scale", k_scale)
     c.scalar("v_scale", v_scale)
     c.scalar("num_seqs", num_seqs, "int32")
+    if alibi_slopes is not None:
+        c.type(hasattr(alibi_slopes, "shape"), f"alibi_slopes must be a float32 array of shape "
+                                               f"(num_heads,), got {type(alibi_slopes).__name__}")
+        c.value(shape(alibi_slopes) == (num_heads,),
+                f"alibi_slopes must have shape (num_heads,) = ({num_heads},), "
+                f"got {shape(alibi_slopes)}")
+        c.dtype("alibi_slopes", alibi_slopes, ("float32",))
     window = 0 if sliding_window is None else c.static_int("sliding_window", sliding_window, 1)
+    max_q = 0 if max_query_len is None else c.static_int("max_query_len", max_query_len, 1)
+    c.value(max_q < 2**31, f"max_query_len must be < 2**31, got {max_q}")
     cap = 0.0 if soft_cap is None else _float(c, "soft_cap", soft_cap, 0.0)
     fmt = _cache_format(c, kv_cache_dtype, key_cache, None)
     return PagedSpec(scale=_float(c, "scale", scale), soft_cap=cap, sliding_window=window,
-                     kv_cache_dtype=fmt)
+                     kv_cache_dtype=fmt, max_query_len=max_q)
 
 
 def reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,

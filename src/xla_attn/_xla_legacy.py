@@ -4,7 +4,8 @@ layout of kernels/ffi/legacy.h, written from Python. Untyped calls are what torc
 params struct (what typed handlers read from buffer shapes and attributes).
 
 Layout v1, little-endian, packed: header `magic u32, version u16, op u16, size u32,
-present u32` (bit i of `present`: optional buffer i is there), then the op's fields."""
+present u32` (bit i of `present`: optional buffer i is there), then the op's fields.
+An op's fields never change; a new layout gets a new op code (paged_attention_v2)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,14 @@ OPS = {
         ("num_heads", _I32), ("num_heads_k", _I32), ("head_dim", _I32), ("num_blocks", _I32),
         ("block_size", _I32), ("max_blocks_per_seq", _I32), ("sliding_window", _I32),
         ("scale", _F32), ("soft_cap", _F32), ("q_dtype", _I32), ("cache_dtype", _I32)]),
+    # xla_attn_paged_attention_v2: a body of its own (bodies never change), v1's plus
+    # max_query_len; buffer 9 is alibi_slopes.
+    "paged_attention_v2": (5, "XlaAttnPagedAttentionV2Legacy", [
+        ("total_q", _I64), ("workspace_bytes", _I64), ("max_num_seqs", _I32),
+        ("num_heads", _I32), ("num_heads_k", _I32), ("head_dim", _I32), ("num_blocks", _I32),
+        ("block_size", _I32), ("max_blocks_per_seq", _I32), ("sliding_window", _I32),
+        ("scale", _F32), ("soft_cap", _F32), ("q_dtype", _I32), ("cache_dtype", _I32),
+        ("max_query_len", _I32)]),
     "reshape_and_cache_flash": (4, "XlaAttnReshapeAndCacheFlashV1Legacy", [
         ("num_tokens", _I64), ("num_slots", _I64), ("num_heads_k", _I32), ("head_dim", _I32),
         ("block_size", _I32), ("num_blocks", _I32), ("src_dtype", _I32), ("cache_dtype", _I32),

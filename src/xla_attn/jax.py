@@ -114,7 +114,8 @@ _DIMS = {
                               out=".H.", softmax_lse="H.", alibi_slopes=("H", ".H")),
     "flash_attn": dict(q="B.H.", k="B.K.", v="B.K.", dout="B.H.", out="B.H.",
                        softmax_lse="BH.", alibi_slopes=("H", "BH")),
-    "paged_attention": dict(query=".H.", key_cache="..K.", value_cache="..K.", out=".H."),
+    "paged_attention": dict(query=".H.", key_cache="..K.", value_cache="..K.", out=".H.",
+                            alibi_slopes="H"),
     "reshape_and_cache_flash": dict(key=".K.", value=".K.", key_cache="..K.",
                                     value_cache="..K."),
 }
@@ -540,39 +541,45 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
 
 # ---------------------------------------------------------------- paged attention
 _PAGED = ("query", "key_cache", "value_cache", "seq_lens", "block_tables", "query_start_loc",
-          "num_seqs", "k_scale", "v_scale")
+          "num_seqs", "k_scale", "v_scale", "alibi_slopes")
 
 
 def _paged_impl(spec: _ops.PagedSpec, query, key_cache, value_cache, seq_lens, block_tables,
-                query_start_loc, num_seqs=None, k_scale=None, v_scale=None):
+                query_start_loc, num_seqs=None, k_scale=None, v_scale=None, alibi=None):
     total_q, num_heads, head_dim = query.shape
     workspace = _native.paged_attention_workspace_size(
-        total_q, seq_lens.shape[0], num_heads, head_dim, block_tables.shape[1], key_cache.shape[1])
+        total_q, seq_lens.shape[0], num_heads, head_dim, block_tables.shape[1], key_cache.shape[1],
+        spec.max_query_len)
     results = (jax.ShapeDtypeStruct(query.shape, query.dtype),
                jax.ShapeDtypeStruct((workspace,), jnp.uint8))
-    out, _ = _call("xla_attn_paged_attention_v1", results, query, key_cache, value_cache,
+    # v2 always; v1 stays registered for programs serialized before it existed.
+    out, _ = _call("xla_attn_paged_attention_v2", results, query, key_cache, value_cache,
                    seq_lens, block_tables, query_start_loc, _or_absent(num_seqs, jnp.int32),
                    _or_absent(k_scale, jnp.float32), _or_absent(v_scale, jnp.float32),
-                   **spec.attributes())
+                   _or_absent(alibi, jnp.float32), **spec.attributes())
     return (out,)
 
 
 def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, scale,
                     sliding_window=None, soft_cap=None, k_scale=None, v_scale=None, num_seqs=None,
-                    kv_cache_dtype="auto"):
+                    kv_cache_dtype="auto", alibi_slopes=None, max_query_len=None):
     """Attention of ragged query spans over a paged KV cache (decode and short
     prefill chunks). query `(total_q, H, D)`; caches `(num_blocks, block_size, Hk, D)`
     (float like query, float8, or uint8 with `kv_cache_dtype`); `num_seqs` an int32
-    device scalar counting the real rows of a padded batch.
+    device scalar counting the real rows of a padded batch; `alibi_slopes` `(H,)`
+    float32; `max_query_len` a Python int bounding every sequence's query count (vLLM's
+    max_query_len: 1 for a decode batch, which then launches the decode kernel alone).
 
     Sharded under `jax.jit`: runs per shard when the query heads are split (the caches'
-    kv heads split alike, or replicated when num_heads_k divides the shard count).
+    kv heads split alike, or replicated when num_heads_k divides the shard count;
+    alibi_slopes split with the query heads).
     vmap: one call per element (`jax.lax.map`)."""
     spec = _ops.paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables,
                                      query_start_loc, scale, sliding_window, soft_cap, k_scale,
-                                     v_scale, num_seqs, kv_cache_dtype)
+                                     v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
+                                     max_query_len)
     operands = tuple(map(_maybe, (query, key_cache, value_cache, seq_lens, block_tables,
-                                  query_start_loc, num_seqs, k_scale, v_scale)))
+                                  query_start_loc, num_seqs, k_scale, v_scale, alibi_slopes)))
     (out,) = _apply(_op("paged_attention", _paged_impl, spec, _PAGED, operands, ("out",)),
                     *operands)
     return out

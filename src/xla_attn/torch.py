@@ -204,38 +204,41 @@ _flash_fwd.register_autograd(_flash_backward, setup_context=_flash_setup_context
 @torch.library.custom_op("xla_attn::paged_attention", mutates_args=(), device_types=_DEVICES)
 def _paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, seq_lens: Tensor,
                      block_tables: Tensor, query_start_loc: Tensor, num_seqs: Optional[Tensor],
-                     k_scale: Optional[Tensor], v_scale: Optional[Tensor], scale: float,
-                     soft_cap: float, sliding_window: int, kv_cache_dtype: str) -> Tensor:
+                     k_scale: Optional[Tensor], v_scale: Optional[Tensor],
+                     alibi_slopes: Optional[Tensor], scale: float, soft_cap: float,
+                     sliding_window: int, kv_cache_dtype: str, max_query_len: int) -> Tensor:
     op = "xla_attn::paged_attention"
     spec = _ops.paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables,
                                      query_start_loc, scale,
                                      sliding_window if sliding_window > 0 else None, soft_cap,
-                                     k_scale, v_scale, num_seqs, kv_cache_dtype)
+                                     k_scale, v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
+                                     max_query_len if max_query_len > 0 else None)
     _same_device(op, query.device, key_cache=key_cache, value_cache=value_cache,
                  seq_lens=seq_lens, block_tables=block_tables, query_start_loc=query_start_loc,
-                 num_seqs=num_seqs, k_scale=k_scale, v_scale=v_scale)
-    query, kc, vc, lens, tables, qsl, n, ks, vs = map(
+                 num_seqs=num_seqs, k_scale=k_scale, v_scale=v_scale, alibi_slopes=alibi_slopes)
+    query, kc, vc, lens, tables, qsl, n, ks, vs, alibi = map(
         _dense, (query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, num_seqs,
-                 k_scale, v_scale))
+                 k_scale, v_scale, alibi_slopes))
     out = query.new_empty(query.shape)
     total_q, num_heads, head_dim = query.shape
     p = _capi.PagedAttentionParams().fill(
         query=_ptr(query), key_cache=_ptr(kc), value_cache=_ptr(vc), out=_ptr(out),
         seq_lens=_ptr(lens), block_tables=_ptr(tables), query_start_loc=_ptr(qsl),
-        num_seqs=_ptr(n), k_scale=_ptr(ks), v_scale=_ptr(vs), total_q=total_q,
+        num_seqs=_ptr(n), k_scale=_ptr(ks), v_scale=_ptr(vs), alibi_slopes=_ptr(alibi),
+        total_q=total_q,
         max_num_seqs=lens.shape[0], num_heads=num_heads, num_heads_k=kc.shape[2],
         head_dim=head_dim, num_blocks=kc.shape[0], block_size=kc.shape[1],
         max_blocks_per_seq=tables.shape[1], sliding_window=spec.sliding_window,
         scale=spec.scale, soft_cap=spec.soft_cap, q_dtype=_code(query),
-        cache_dtype=_cache_code(op, kc, spec.kv_cache_dtype))
+        cache_dtype=_cache_code(op, kc, spec.kv_cache_dtype), max_query_len=spec.max_query_len)
     _launch(_capi.paged_attention, p, query.device)
     return out
 
 
 @_paged_attention.register_fake
 def _paged_attention_fake(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
-                          num_seqs, k_scale, v_scale, scale, soft_cap, sliding_window,
-                          kv_cache_dtype):
+                          num_seqs, k_scale, v_scale, alibi_slopes, scale, soft_cap,
+                          sliding_window, kv_cache_dtype, max_query_len):
     return query.new_empty(query.shape)
 
 
@@ -334,17 +337,21 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
 
 def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, scale,
                     sliding_window=None, soft_cap=None, k_scale=None, v_scale=None, num_seqs=None,
-                    kv_cache_dtype="auto"):
+                    kv_cache_dtype="auto", alibi_slopes=None, max_query_len=None):
     """Attention of ragged query spans over a paged KV cache (decode and short
     prefill chunks). query `(total_q, H, D)`; caches `(num_blocks, block_size, Hk, D)`
     (float like query, float8, or uint8 with `kv_cache_dtype`); `num_seqs` an int32
-    device scalar counting the real rows of a padded batch."""
+    device scalar counting the real rows of a padded batch; `alibi_slopes` `(H,)`
+    float32; `max_query_len` a Python int bounding every sequence's query count (1 for
+    a decode batch, which then launches the decode kernel alone)."""
     spec = _ops.paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables,
                                      query_start_loc, scale, sliding_window, soft_cap, k_scale,
-                                     v_scale, num_seqs, kv_cache_dtype)
+                                     v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
+                                     max_query_len)
     return torch.ops.xla_attn.paged_attention(
         query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, num_seqs, k_scale,
-        v_scale, spec.scale, spec.soft_cap, spec.sliding_window, spec.kv_cache_dtype)
+        v_scale, alibi_slopes, spec.scale, spec.soft_cap, spec.sliding_window,
+        spec.kv_cache_dtype, spec.max_query_len)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,

@@ -112,29 +112,33 @@ def _flash_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, sequ
 
 @torch.library.register_kernel("xla_attn::paged_attention", "xla")
 def _paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
-                     num_seqs, k_scale, v_scale, scale, soft_cap, sliding_window,
-                     kv_cache_dtype):
+                     num_seqs, k_scale, v_scale, alibi_slopes, scale, soft_cap, sliding_window,
+                     kv_cache_dtype, max_query_len):
     op = "xla_attn::paged_attention"
     spec = _ops.paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables,
                                      query_start_loc, scale,
                                      sliding_window if sliding_window > 0 else None, soft_cap,
-                                     k_scale, v_scale, num_seqs, kv_cache_dtype)
+                                     k_scale, v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
+                                     max_query_len if max_query_len > 0 else None)
     total_q, num_heads, head_dim = query.shape
     num_blocks, block_size, num_heads_k, _ = key_cache.shape
     workspace = _native.paged_attention_workspace_size(
-        total_q, seq_lens.shape[0], num_heads, head_dim, block_tables.shape[1], block_size)
+        total_q, seq_lens.shape[0], num_heads, head_dim, block_tables.shape[1], block_size,
+        spec.max_query_len)
     dev = query.device
     operands = [query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
                 _or_absent(num_seqs, torch.int32, dev), _or_absent(k_scale, torch.float32, dev),
-                _or_absent(v_scale, torch.float32, dev)]
+                _or_absent(v_scale, torch.float32, dev),
+                _or_absent(alibi_slopes, torch.float32, dev)]
     legacy = dict(
         total_q=total_q, workspace_bytes=workspace, max_num_seqs=seq_lens.shape[0],
         num_heads=num_heads, num_heads_k=num_heads_k, head_dim=head_dim,
         num_blocks=num_blocks, block_size=block_size, max_blocks_per_seq=block_tables.shape[1],
         sliding_window=spec.sliding_window, scale=spec.scale, soft_cap=spec.soft_cap,
-        q_dtype=_code(query), cache_dtype=_cache_code(op, key_cache, spec.kv_cache_dtype))
+        q_dtype=_code(query), cache_dtype=_cache_code(op, key_cache, spec.kv_cache_dtype),
+        max_query_len=spec.max_query_len)
     out, _ = _torch_xla_call.emit(
-        "paged_attention", "xla_attn_paged_attention_v1", operands,
+        "paged_attention_v2", "xla_attn_paged_attention_v2", operands,
         [(query.shape, query.dtype), ((workspace,), torch.uint8)], spec.attributes(), legacy)
     return out
 
@@ -313,29 +317,33 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
 
 def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, scale,
                     sliding_window=None, soft_cap=None, k_scale=None, v_scale=None, num_seqs=None,
-                    kv_cache_dtype="auto", partition_spec=None, mesh=None):
+                    kv_cache_dtype="auto", alibi_slopes=None, max_query_len=None,
+                    partition_spec=None, mesh=None):
     """xla_attn.torch.paged_attention on XLA tensors. `partition_spec` (of query's
-    `(total_q, H, D)`) shards the heads; the caches are sharded on theirs."""
+    `(total_q, H, D)`) shards the heads; the caches are sharded on theirs and
+    alibi_slopes with the query heads."""
     args = (scale, sliding_window, soft_cap)
+    kwargs = dict(kv_cache_dtype=kv_cache_dtype, max_query_len=max_query_len)
     if partition_spec is None:
         return _torch.paged_attention(query, key_cache, value_cache, seq_lens, block_tables,
                                       query_start_loc, *args, k_scale=k_scale, v_scale=v_scale,
-                                      num_seqs=num_seqs, kv_cache_dtype=kv_cache_dtype)
+                                      num_seqs=num_seqs, alibi_slopes=alibi_slopes, **kwargs)
     op = "paged_attention"
     heads = _torch_xla_spmd.heads_axis(op, partition_spec, 3, 1)
     _torch_xla_spmd.check_heads(op, mesh, heads, query.shape[1], key_cache.shape[2])
     cache_spec = (None, None, heads, None)
 
-    def local(query, kc, vc, lens, tables, qsl, n, ks, vs):
+    def local(query, kc, vc, lens, tables, qsl, n, ks, vs, alibi):
         out = _torch.paged_attention(query, kc, vc, lens, tables, qsl, *args, k_scale=ks,
-                                     v_scale=vs, num_seqs=n, kv_cache_dtype=kv_cache_dtype)
+                                     v_scale=vs, num_seqs=n, alibi_slopes=alibi, **kwargs)
         return (out,)
 
     scalars = [None if x is None else (None,) * x.dim() for x in (num_seqs, k_scale, v_scale)]
     (out,) = _torch_xla_spmd.run(
         local, [query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
-                num_seqs, k_scale, v_scale],
-        [(None, heads, None), cache_spec, cache_spec, (None,), (None, None), (None,)] + scalars,
+                num_seqs, k_scale, v_scale, alibi_slopes],
+        [(None, heads, None), cache_spec, cache_spec, (None,), (None, None), (None,)] + scalars
+        + [(heads,)],
         [(None, heads, None)], mesh)
     return out
 

@@ -258,6 +258,107 @@ def test_paged_attention_decode_long_context(paged_family, gpu_device, rng, mk, 
     ref.assert_attention_close(out, exp, "bfloat16")
 
 
+def _paged_case(rng, mk, cache, q_lens, seq_lens, heads=8, heads_k=2, dim=128, block_size=16):
+    """query (+2 padding rows), a bf16 or fp8 (scaled) paged cache, tables, qsl."""
+    qsl = mk.cu_seqlens(np.asarray(q_lens, np.int32))
+    k, v, table = mk.paged_kv(rng, "float32", seq_lens, block_size, heads_k=heads_k, head_dim=dim)
+    scales = {}
+    if cache != "bfloat16":
+        k, v = (k * 3).astype(mk.np_dtype(cache)), (v / 2).astype(mk.np_dtype(cache))
+        scales = dict(k_scale=np.float32(1 / 3), v_scale=np.float32(2.0))
+    else:
+        k, v = k.astype(mk.np_dtype(cache)), v.astype(mk.np_dtype(cache))
+    query = mk.random_array(rng, (int(qsl[-1]) + 2, heads, dim), "bfloat16")
+    return query, k, v, np.asarray(seq_lens, np.int32), table, qsl, scales
+
+
+def _paged_on(device, query, k, v, seq_lens, table, qsl, scales, **kw):
+    """xla_attn.jax.paged_attention under jit on `device`; array keywords go as operands."""
+    arrays = {n: x for n, x in {**scales, **kw}.items() if isinstance(x, np.ndarray | np.float32)}
+    static = {n: x for n, x in kw.items() if n not in arrays}
+    names = list(arrays)
+    fn = jax.jit(lambda q, k, v, sl, bt, qs, *xs: xj.paged_attention(
+        q, k, v, sl, bt, qs, 0.1, **dict(zip(names, xs)), **static))
+    return np.asarray(fn(*_on(device, query, k, v, seq_lens, table, qsl,
+                              *arrays.values())), np.float32)
+
+
+PAGED_SPANS = {
+    # (query counts, key counts): decode spans only (the decode kernels), and a
+    # chunked-prefill mix whose 37- and 64-token spans (past the decode kernels' 4 for
+    # a GQA group of 4) take the flash forward over the block table.
+    "decode": ([1, 1, 1, 1, 1, 1], [300, 1, 64, 17, 999, 50]),
+    "chunked_prefill": ([1, 37, 3, 1, 64, 2], [300, 80, 64, 17, 999, 50]),
+}
+
+
+@pytest.mark.parametrize("hint", [False, True], ids=["no_hint", "max_query_len"])
+@pytest.mark.parametrize("spans", list(PAGED_SPANS))
+@pytest.mark.parametrize("cache", ["bfloat16", "float8_e4m3fn"])
+def test_paged_attention_alibi(paged_family, gpu_device, rng, mk, cache, spans, hint):
+    """ALiBi slopes on every paged route (the decode kernels for short spans, the flash
+    forward for long ones), with a window and a soft cap, bf16 and fp8 caches; with
+    max_query_len the exact bound (1 on the decode batch: the decode kernel alone)."""
+    _skip_outside(paged_family if paged_family != "auto" else "portable",
+                  "bfloat16" if cache == "bfloat16" else "float8_e4m3fn")
+    q_lens, seq_lens = PAGED_SPANS[spans]
+    query, k, v, lens, table, qsl, scales = _paged_case(rng, mk, cache, q_lens, seq_lens)
+    slopes = mk.alibi(rng, 8) / 8  # 0.006..0.125 a key: far keys still count
+    num_seqs = np.array(5, np.int32)
+    kw = dict(sliding_window=200, soft_cap=20.0, num_seqs=num_seqs, alibi_slopes=slopes)
+    if hint:
+        kw["max_query_len"] = max(q_lens)
+    out = _paged_on(gpu_device, query, k, v, lens, table, qsl, scales, **kw)
+    exp = ref.paged_attention_ref(query, k, v, lens, table, qsl, 0.1, sliding_window=200,
+                                  soft_cap=20.0, num_seqs=num_seqs, alibi_slopes=slopes,
+                                  **scales)
+    ref.assert_attention_close(out, exp, "bfloat16", valid_rows=int(qsl[5]))
+    assert np.all(out[qsl[5]:] == 0)  # the padded batch's rows past num_seqs
+    plain = ref.paged_attention_ref(query, k, v, lens, table, qsl, 0.1, sliding_window=200,
+                                    soft_cap=20.0, num_seqs=num_seqs, **scales)
+    assert ref.rel_error(out[:qsl[5]], plain[:qsl[5]]) > 0.05  # the slopes were applied
+
+
+@pytest.mark.parametrize("dim", [128, 256], ids=["mma_d128", "fma_d256"])
+@pytest.mark.parametrize("cache", ["bfloat16", "float8_e4m3fn"])
+def test_paged_attention_max_query_len_one_is_the_decode_kernel_alone(gpu_device, rng, mk,
+                                                                      monkeypatch, cache, dim):
+    """A decode batch with max_query_len=1 launches the decode kernel only (no flash
+    forward): the same bits as without the hint, where the flash forward runs too and
+    finds nothing to do."""
+    monkeypatch.delenv("XLA_ATTN_FORCE_FAMILY", raising=False)
+    q_lens, seq_lens = PAGED_SPANS["decode"]
+    query, k, v, lens, table, qsl, scales = _paged_case(rng, mk, cache, q_lens, seq_lens, dim=dim)
+    slopes = mk.alibi(rng, 8) / 8
+    hinted = _paged_on(gpu_device, query, k, v, lens, table, qsl, scales, alibi_slopes=slopes,
+                       max_query_len=1)
+    plain = _paged_on(gpu_device, query, k, v, lens, table, qsl, scales, alibi_slopes=slopes)
+    np.testing.assert_array_equal(hinted, plain)
+    exp = ref.paged_attention_ref(query, k, v, lens, table, qsl, 0.1, alibi_slopes=slopes,
+                                  **scales)
+    ref.assert_attention_close(hinted, exp, "bfloat16", valid_rows=int(qsl[-1]))
+
+
+@pytest.mark.parametrize("dim", [128, 256], ids=["mma_d128", "fma_d256"])
+@pytest.mark.parametrize("cache", ["bfloat16", "float8_e4m3fn"])
+def test_paged_attention_wrong_max_query_len_gives_nan_rows(gpu_device, rng, mk, monkeypatch,
+                                                            cache, dim):
+    """A max_query_len within the decode kernels' span (so no flash forward runs) that a
+    longer sequence breaks: that sequence's rows, and only they, are NaN; the others are
+    right and padding rows 0."""
+    monkeypatch.delenv("XLA_ATTN_FORCE_FAMILY", raising=False)
+    q_lens, seq_lens = [1, 9, 2, 1], [40, 70, 33, 5]
+    query, k, v, lens, table, qsl, scales = _paged_case(rng, mk, cache, q_lens, seq_lens, dim=dim)
+    out = _paged_on(gpu_device, query, k, v, lens, table, qsl, scales, max_query_len=2)
+    long_rows = np.zeros(out.shape[0], bool)
+    long_rows[qsl[1]:qsl[2]] = True
+    assert np.isnan(out[long_rows]).all()
+    assert not np.isnan(out[~long_rows]).any()
+    exp = ref.paged_attention_ref(query, k, v, lens, table, qsl, 0.1, **scales)
+    ref.assert_attention_close(out[~long_rows], exp[~long_rows], "bfloat16")
+    assert np.all(out[qsl[-1]:] == 0)
+
+
 def test_split_kv_long_context(family, gpu_device, rng, mk):
     """Few (row, head) blocks over long keys: the forward splits the keys across
     blocks and merges the partials (flash-decoding). Same result as the reference."""

@@ -117,6 +117,7 @@ def check_paged(rng, repeats: int, device) -> list[Row]:
     qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     tables = rng.permutation(num_blocks)[: 4 * 16].reshape(4, 16)
     tables = tables.astype(np.int32)
+    slopes = rng.uniform(0.01, 0.1, heads).astype(np.float32)
     for fmt, cache_dtype, dtype in (("auto", ml_dtypes.bfloat16, "bfloat16"),
                                     ("fp8_e4m3", ml_dtypes.float8_e4m3fn, "bfloat16+fp8_e4m3")):
         query = rng.standard_normal((qsl[-1] + 2, heads, dim)).astype(ml_dtypes.bfloat16)
@@ -126,13 +127,15 @@ def check_paged(rng, repeats: int, device) -> list[Row]:
         v_scale = np.float32(2.0 if fmt != "auto" else 1.0)
         scale = 1.0 / np.sqrt(dim)
         expected = ref.paged_attention_ref(query, kc, vc, seq_lens, tables, qsl, scale,
-                                           sliding_window=128, k_scale=k_scale, v_scale=v_scale)
-        fn = jax.jit(lambda q, kc, vc, sl, bt, qsl, ks, vs: xj.paged_attention(
-            q, kc, vc, sl, bt, qsl, scale, sliding_window=128, k_scale=ks, v_scale=vs))
+                                           sliding_window=128, k_scale=k_scale, v_scale=v_scale,
+                                           alibi_slopes=slopes)
+        fn = jax.jit(lambda q, kc, vc, sl, bt, qsl, ks, vs, al: xj.paged_attention(
+            q, kc, vc, sl, bt, qsl, scale, sliding_window=128, k_scale=ks, v_scale=vs,
+            alibi_slopes=al, max_query_len=int(q_lens.max())))
         args = [jax.device_put(jnp.asarray(x), device)
-                for x in (query, kc, vc, seq_lens, tables, qsl, k_scale, v_scale)]
-        rows.append(_run("paged_attention decode gqa window", dtype, device, fn, args, repeats,
-                         lambda r, e=expected: rel_error(r, e)))
+                for x in (query, kc, vc, seq_lens, tables, qsl, k_scale, v_scale, slopes)]
+        rows.append(_run("paged_attention decode gqa window+alibi", dtype, device, fn, args,
+                         repeats, lambda r, e=expected: rel_error(r, e)))
     return rows
 
 

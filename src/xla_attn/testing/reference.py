@@ -273,9 +273,10 @@ def _dequantize_cache(cache, scale, kv_cache_dtype):
 
 def paged_attention_ref(query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
                         scale, sliding_window=None, soft_cap=None, k_scale=1.0, v_scale=1.0,
-                        num_seqs=None, kv_cache_dtype="auto"):
+                        num_seqs=None, kv_cache_dtype="auto", alibi_slopes=None):
     """out [total_q, H, D] float64. Sequences s < num_seqs (default: all) attend
-    causally (pos = i + L - Lq) to their L = seq_lens[s] keys through block_tables[s];
+    causally (pos = i + L - Lq) to their L = seq_lens[s] keys through block_tables[s],
+    with alibi_slopes [H] (shared by the sequences) subtracting slope * (pos - j);
     every other query row is padding and is 0."""
     qf = _f64(query)
     kc = _dequantize_cache(key_cache, k_scale, kv_cache_dtype)
@@ -291,7 +292,7 @@ def paged_attention_ref(query, key_cache, value_cache, seq_lens, block_tables, q
         j = np.arange(lens[s])
         blocks, offsets = tables[s, j // block_size], j % block_size
         o, _, _ = _sequence_forward(qf[qsl[s]:qsl[s + 1]], kc[blocks, offsets], vc[blocks, offsets],
-                                    float(scale), left, 0, cap, None)
+                                    float(scale), left, 0, cap, alibi_slopes)
         out[qsl[s]:qsl[s + 1]] = o
     return out
 
