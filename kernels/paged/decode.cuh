@@ -346,9 +346,16 @@ __device__ void paged_decode(const decode::Args& a) {
 }
 
 // Merges the splits of paged_decode: out = sum_s exp(lse_s - lse) out_s. One block per
-// (kv head, sequence), one warp per query row of the group.
+// (kv head, sequence), one warp per query row of the group. The lanes read the
+// splits' lse values side by side and keep the weights in shared memory, and each
+// split's partial row is one coalesced warp read: looping the splits one after the
+// other per lane (3 dependent loads, then expf and a division per element and split)
+// took 12.7 us for B=64 x 3 splits, 5 % of an fp8 L=4096 decode step.
 template <typename Q, int D>
 __device__ void paged_decode_combine(const decode::Args& a) {
+  static_assert(decode::kMaxSplits <= 128 && decode_sm80::kMaxSplits <= 128,
+                "combine keeps <= 128 split weights a warp");
+  __shared__ float s_w[decode::kWarps][128];
   const xla_attn_paged_attention_params& p = a.p;
   const int hk = blockIdx.y, b = blockIdx.z;
   if (b >= real_batch(p.max_num_seqs, p.num_seqs)) return;
@@ -361,27 +368,34 @@ __device__ void paged_decode_combine(const decode::Args& a) {
   const float* ws_out = static_cast<const float*>(p.workspace);
   const float* ws_lse = ws_out + int64_t(a.num_splits) * p.total_q * q_stride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* w = s_w[warp];
   for (int row = warp; row < s.num_q * group; row += decode::kWarps) {
     const int64_t q_row = s.q_start + row / group;
     const int h = hk * group + row % group;
     const float* lse = ws_lse + int64_t(h) * p.total_q + q_row;
     const int64_t lse_stride = int64_t(p.num_heads) * p.total_q;
     float top = -XLA_ATTN_INF;
-    for (int sp = 0; sp < a.num_splits; ++sp) top = fmaxf(top, lse[sp * lse_stride]);
+    for (int sp = lane; sp < a.num_splits; sp += 32) top = fmaxf(top, lse[sp * lse_stride]);
+    for (int off = 16; off > 0; off >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
     float total = 0.f;
-    if (top != -XLA_ATTN_INF) {
-      for (int sp = 0; sp < a.num_splits; ++sp) total += expf(lse[sp * lse_stride] - top);
+    for (int sp = lane; sp < a.num_splits; sp += 32) {
+      w[sp] = top == -XLA_ATTN_INF ? 0.f : expf(lse[sp * lse_stride] - top);
+      total += w[sp];
     }
+    for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+    __syncwarp();  // every lane's weights are in w
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    const float* part = ws_out + q_row * q_stride + h * D;
+#pragma unroll
     for (int d = lane; d < D; d += 32) {
       float o = 0.f;
-      if (top != -XLA_ATTN_INF) {
-        for (int sp = 0; sp < a.num_splits; ++sp) {
-          o += expf(lse[sp * lse_stride] - top) / total *
-               ws_out[(int64_t(sp) * p.total_q + q_row) * q_stride + h * D + d];
-        }
+#pragma unroll 4
+      for (int sp = 0; sp < a.num_splits; ++sp) {
+        o += w[sp] * part[int64_t(sp) * p.total_q * q_stride + d];
       }
-      static_cast<Q*>(p.out)[q_row * q_stride + h * D + d] = from_float<Q>(o);
+      static_cast<Q*>(p.out)[q_row * q_stride + h * D + d] = from_float<Q>(o * inv);
     }
+    __syncwarp();  // w is rewritten for the warp's next row
   }
 }
 
