@@ -23,6 +23,18 @@ __device__ void zero_rows(void* grad, int64_t first, int64_t rows, int heads, in
   }
 }
 
+// The dq kernels' padding block (blockIdx.z == batch): its x == 0 block zeroes dq's
+// rows of head blockIdx.y past the last sequence. True for every padding block.
+template <typename T>
+__device__ bool dq_padding_block(const xla_attn_flash_bwd_params& p) {
+  if (int(blockIdx.z) < p.batch) return false;
+  if (blockIdx.x == 0) {
+    const int64_t first = clamp64(p.cu_seqlens_q[p.batch], 0, p.total_q);
+    zero_rows<T>(p.dq, first, p.total_q, p.num_heads, blockIdx.y, p.head_dim);
+  }
+  return true;
+}
+
 // dk and dv rows of kv head hk past the last sequence's keys: zeros.
 template <typename T>
 __device__ void zero_key_padding(const xla_attn_flash_bwd_params& p, int hk) {
@@ -58,11 +70,7 @@ __device__ void flash_bwd_dq_portable(const xla_attn_flash_bwd_params& p) {
   __shared__ bool sValid[kBlockN];
 
   const int h = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
-  if (b >= p.batch) {  // the padding block: rows past the last sequence get zero dq
-    if (blockIdx.x == 0)
-      zero_rows<T>(p.dq, clamp64(p.cu_seqlens_q[p.batch], 0, p.total_q), p.total_q, p.num_heads, h, hd);
-    return;
-  }
+  if (dq_padding_block<T>(p)) return;
   const Sequence s = bwd_sequence(p, b);
   const int m0 = blockIdx.x * kBlockM;
   if (m0 >= s.num_q) return;

@@ -352,11 +352,7 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
   T* sV = sK + kStages * kB * D;    // [kStages][kB x D]
 
   const int h = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
-  if (b >= p.batch) {  // the padding block: rows past the last sequence get zero dq
-    if (blockIdx.x == 0)
-      zero_rows<T>(p.dq, clamp64(p.cu_seqlens_q[p.batch], 0, p.total_q), p.total_q, p.num_heads, h, hd);
-    return;
-  }
+  if (dq_padding_block<T>(p)) return;
   const Sequence s = bwd_sequence(p, b);
   const int m0 = blockIdx.x * kB;
   if (m0 >= s.num_q) return;

@@ -360,24 +360,19 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
     auto key_row = [&](int r) {
       return n0 + r < n_hi ? keys.row(b, s.k_start, n0 + r) : int64_t(-1);
     };
-    load_tile<D, kBlockN>(
-        sK + stage * smem_kv_elems(D),
-        [&](int it, int) { return rows[it] >= 0 ? k + rows[it] * kv_stride : nullptr; },
-        [&](int, int r) {
-          const int64_t row = key_row(r);
-          return row >= 0 ? k + row * kv_stride : nullptr;
-        },
-        hd, vec);
-    cp_async_commit();
-    load_tile<D, kBlockN>(
-        sV + stage * smem_kv_elems(D),
-        [&](int it, int) { return rows[it] >= 0 ? v + rows[it] * kv_stride : nullptr; },
-        [&](int, int r) {
-          const int64_t row = key_row(r);
-          return row >= 0 ? v + row * kv_stride : nullptr;
-        },
-        hd, vec);
-    cp_async_commit();
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {  // K, then V: one commit group each
+      const T* src = t == 0 ? k : v;
+      load_tile<D, kBlockN>(
+          (t == 0 ? sK : sV) + stage * smem_kv_elems(D),
+          [&](int it, int) { return rows[it] >= 0 ? src + rows[it] * kv_stride : nullptr; },
+          [&](int, int r) {
+            const int64_t row = key_row(r);
+            return row >= 0 ? src + row * kv_stride : nullptr;
+          },
+          hd, vec);
+      cp_async_commit();
+    }
     return absent;
   };
 
