@@ -141,9 +141,8 @@ std::string flash_bwd(int platform, cudaStream_t stream, void** b, const char* o
 
 // The params of either paged_attention descriptor (v2 is v1 plus ALiBi and the
 // max_query_len hint); the results start at buffer `results`.
-template <typename Desc>
-xla_attn_paged_attention_params paged_params(const Desc& d, int platform, void** b,
-                                             int results) {
+xla_attn_paged_attention_params paged_params(const xla_attn_legacy_paged_attention& d,
+                                             int platform, void** b, int results) {
   xla_attn_paged_attention_params p{};
   p.query = b[0];
   p.key_cache = b[1];
@@ -188,8 +187,8 @@ std::string paged_attention_v2(int platform, cudaStream_t stream, void** b, cons
   xla_attn_legacy_paged_attention_v2 d{};
   std::string error = decode(opaque, len, XLA_ATTN_LEGACY_PAGED_ATTENTION_V2, &d);
   if (!error.empty()) return error;
-  xla_attn_paged_attention_params p = paged_params(d, platform, b, 10);
-  p.alibi_slopes = static_cast<const float*>(optional(d.header, b, 9));
+  xla_attn_paged_attention_params p = paged_params(d.v1, platform, b, 10);
+  p.alibi_slopes = static_cast<const float*>(optional(d.v1.header, b, 9));
   p.max_query_len = d.max_query_len;
   return xla_attn::run(p, platform, stream);
 }

@@ -69,13 +69,8 @@ typedef struct xla_attn_legacy_paged_attention {
 // xla_attn_paged_attention_v2's. Buffers: query key_cache value_cache seq_lens
 // block_tables query_start_loc num_seqs k_scale v_scale alibi_slopes | out workspace.
 typedef struct xla_attn_legacy_paged_attention_v2 {
-  xla_attn_legacy_header header;
-  int64_t total_q, workspace_bytes;
-  int32_t max_num_seqs, num_heads, num_heads_k, head_dim, num_blocks, block_size;
-  int32_t max_blocks_per_seq, sliding_window;
-  float scale, soft_cap;
-  int32_t q_dtype, cache_dtype;
-  int32_t max_query_len;  // <= 0: unknown
+  xla_attn_legacy_paged_attention v1;  // op 3's layout, header first (its op field says 5)
+  int32_t max_query_len;               // <= 0: unknown
 } xla_attn_legacy_paged_attention_v2;
 
 // Buffers: key value key_cache value_cache slot_mapping k_scale v_scale | key_cache
