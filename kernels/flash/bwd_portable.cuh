@@ -35,12 +35,18 @@ __device__ bool dq_padding_block(const xla_attn_flash_bwd_params& p) {
   return true;
 }
 
-// dk and dv rows of kv head hk past the last sequence's keys: zeros.
+// The dk/dv kernels' padding block (blockIdx.z == batch): its x == 0 block zeroes dk's
+// and dv's rows of kv head blockIdx.y past the last sequence's keys. True for every
+// padding block.
 template <typename T>
-__device__ void zero_key_padding(const xla_attn_flash_bwd_params& p, int hk) {
-  const int64_t first = clamp64(p.cu_seqlens_k[p.batch], 0, p.total_k);
-  zero_rows<T>(p.dk, first, p.total_k, p.num_heads_k, hk, p.head_dim);
-  zero_rows<T>(p.dv, first, p.total_k, p.num_heads_k, hk, p.head_dim);
+__device__ bool dkdv_padding_block(const xla_attn_flash_bwd_params& p) {
+  if (int(blockIdx.z) < p.batch) return false;
+  if (blockIdx.x == 0) {
+    const int64_t first = clamp64(p.cu_seqlens_k[p.batch], 0, p.total_k);
+    zero_rows<T>(p.dk, first, p.total_k, p.num_heads_k, blockIdx.y, p.head_dim);
+    zero_rows<T>(p.dv, first, p.total_k, p.num_heads_k, blockIdx.y, p.head_dim);
+  }
+  return true;
 }
 
 // D_i = dO_i . O_i for a row, by one warp.
@@ -181,10 +187,7 @@ __device__ void flash_bwd_dkdv_portable(const xla_attn_flash_bwd_params& p) {
   __shared__ float sdS[portable::kWarps][kRows][kBlockN];
 
   const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
-  if (b >= p.batch) {  // keys past the last sequence get zero dk, dv
-    if (blockIdx.x == 0) zero_key_padding<T>(p, hk);
-    return;
-  }
+  if (dkdv_padding_block<T>(p)) return;
   const Sequence s = bwd_sequence(p, b);
   const int n0 = blockIdx.x * kBlockM;
   if (n0 >= s.num_k_rows) return;

@@ -58,6 +58,14 @@ __device__ __forceinline__ float bwd_score(float x, float mul, float cap, float*
 struct BwdScore {
   float mul, cap, slope;  // base-2 factors (see bwd_score); slope: ALiBi * log2 e
   bool capped;
+  // P of score x (query position pos, key key) on the general path, against the row's
+  // base-2 lse, and d(score)/d(x * scale) in *grad.
+  __device__ __forceinline__ float prob(float x, int64_t pos, int64_t key, float lse2,
+                                        float* grad) const {
+    float y = capped ? bwd_score<true>(x, mul, cap, grad) : bwd_score<false>(x, mul, cap, grad);
+    y -= slope * float(pos > key ? pos - key : key - pos);
+    return fast_exp2(y - lse2);
+  }
 };
 
 // Writes a warp's 16 rows of a D-wide f32 accumulator (rows g, g + 8 of each n8 tile,
@@ -186,10 +194,7 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
   float* sDelta = sLse + kStages * kB;                              // [kStages][kB]
 
   const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
-  if (b >= p.batch) {  // keys past the last sequence get zero dk, dv
-    if (blockIdx.x == 0) zero_key_padding<T>(p, hk);
-    return;
-  }
+  if (dkdv_padding_block<T>(p)) return;
   const Sequence s = bwd_sequence(p, b);
   const int n0 = blockIdx.x * kB;
   if (n0 >= s.num_k_rows) return;
@@ -305,10 +310,7 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
               const int i = i0 + col + e;
               const int64_t pos = int64_t(i) + s.offset;
               float grad;
-              float y = sc_mod.capped ? bwd_score<true>(x, sc_mod.mul, sc_mod.cap, &grad)
-                                      : bwd_score<false>(x, sc_mod.mul, sc_mod.cap, &grad);
-              y -= sc_mod.slope * float(pos > key ? pos - key : key - pos);
-              float pr = fast_exp2(y - lse2[e]);
+              float pr = sc_mod.prob(x, pos, key, lse2[e], &grad);
               if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
               x = pr;
               d = pr * (d - dl[e]) * grad;
@@ -448,10 +450,7 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
             } else {
               const int key = n0 + nt * 8 + 2 * t + e;
               float grad;
-              float y = mod.capped ? bwd_score<true>(x, mod.mul, mod.cap, &grad)
-                                   : bwd_score<false>(x, mod.mul, mod.cap, &grad);
-              y -= mod.slope * float(pos > key ? pos - key : key - pos);
-              float pr = fast_exp2(y - lse2[hf]);
+              float pr = mod.prob(x, pos, key, lse2[hf], &grad);
               if (mask && !(key < n_hi && win.visible(pos, key))) pr = 0.f;
               x = pr * (d - delta[hf]) * grad;
             }
