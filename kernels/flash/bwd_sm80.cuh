@@ -90,18 +90,8 @@ __device__ __forceinline__ void bwd_store_rows(T* stage, const float (&acc)[D / 
   for (int idx = lane; idx < 16 * kChunks; idx += 32) {
     const int r = idx / kChunks, c = idx % kChunks;
     if (r >= rows_valid || c * 8 >= hd) continue;
-    const uint4 x = *reinterpret_cast<const uint4*>(stage + swz<D>(r, c));
-    T* out = dst + r * stride + c * 8;
-    if (vec) {
-      *reinterpret_cast<uint4*>(out) = x;
-    } else {
-      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-      unsigned short* o16 = reinterpret_cast<unsigned short*>(out);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (c * 8 + e < hd) o16[e] = (unsigned short)(w[e / 2] >> (16 * (e & 1)));
-      }
-    }
+    store_chunk(dst + r * stride, *reinterpret_cast<const uint4*>(stage + swz<D>(r, c)), c * 8,
+                hd, vec);
   }
 }
 

@@ -83,6 +83,22 @@ __device__ __forceinline__ uint4 load_chunk_scalar(const void* row, int d0, int 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// Its counterpart: one 16-byte chunk x to elements d0 .. d0 + 7 of a row, as one
+// 16-byte store (vec: hd % 8 == 0 and the tensor 16-byte aligned) or element stores
+// short of hd.
+__device__ __forceinline__ void store_chunk(void* row, uint4 x, int d0, int hd, bool vec) {
+  if (vec) {
+    *reinterpret_cast<uint4*>(static_cast<unsigned short*>(row) + d0) = x;
+    return;
+  }
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+  unsigned short* dst = static_cast<unsigned short*>(row);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (d0 + e < hd) dst[d0 + e] = (unsigned short)(w[e / 2] >> (16 * (e & 1)));
+  }
+}
+
 // Fills a swizzled kRows x D tile: row r from src(it, r) (null: a row of zeros), where
 // `it` numbers this thread's chunks, columns >= hd zero. Consecutive threads take
 // consecutive chunks of a row, so each warp-wide copy reads whole rows. kVec: 16-byte
@@ -518,18 +534,8 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
     const int lr = idx / kChunks, c = idx % kChunks;
     const int r = (lr / 16) * kWarpRows + warp * 16 + lr % 16, i = m0 + r;
     if (i >= s.num_q || c * 8 >= hd) continue;
-    T* dst = out + (s.q_start + i) * q_stride + c * 8;
     const uint4 x = *reinterpret_cast<const uint4*>(sQ + swz<D>(r, c));
-    if (vec_out) {
-      *reinterpret_cast<uint4*>(dst) = x;
-    } else {
-      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-      unsigned short* d16 = reinterpret_cast<unsigned short*>(dst);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (c * 8 + e < hd) d16[e] = (unsigned short)(w[e / 2] >> (16 * (e & 1)));
-      }
-    }
+    store_chunk(out + (s.q_start + i) * q_stride, x, c * 8, hd, vec_out);
   }
 }
 
