@@ -309,15 +309,20 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
         }
       }
     };
+    // dV += P^T dO, dK += dS^T Q, in each branch: sharing a basic block with the
+    // probabilities lets ptxas interleave their exponentials with the mma (as in the
+    // forward, flash/fwd_sm80.cuh).
+    auto products = [&] {
+      product_pb<T, D>(dv, st, tdO, lds_a);
+      product_pb<T, D>(dk, dpt, tQ, lds_a);
+    };
     if (!mask && !sc_mod.capped && sc_mod.slope == 0.f) {
       probs(true);
+      products();
     } else {
       probs(false);
+      products();
     }
-
-    // dV += P^T dO, dK += dS^T Q.
-    product_pb<T, D>(dv, st, tdO, lds_a);
-    product_pb<T, D>(dk, dpt, tQ, lds_a);
   }
   cp_async_wait<0>();  // K and V when there was no tile
   __syncthreads();     // other threads' copies into this warp's rows of sK / sV too
@@ -448,14 +453,14 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
         }
       }
     };
+    // dQ += dS K, in each branch (as dV and dK above).
     if (!mask && !mod.capped && mod.slope == 0.f) {
       grads(true);
+      product_pb<T, D>(dq, sc, tK, lds_a);
     } else {
       grads(false);
+      product_pb<T, D>(dq, sc, tK, lds_a);
     }
-
-    // dQ += dS K.
-    product_pb<T, D>(dq, sc, tK, lds_a);
   }
   cp_async_wait<0>();  // Q and dO when there was no tile
   __syncthreads();     // other threads' copies into this warp's rows of sQ too
