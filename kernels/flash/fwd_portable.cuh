@@ -46,7 +46,10 @@ struct FwdBlock {
   __device__ __forceinline__ bool locate(const xla_attn_flash_fwd_params& p, int block_m,
                                          int block_n) {
     splits = p.num_splits > 1 ? p.num_splits : 1;
-    const int m_block = blockIdx.x / splits;
+    // Row blocks in reverse: under a causal mask (bottom-right aligned) the last rows see
+    // the most keys, and starting the longest blocks first leaves short ones for the
+    // last wave instead of long ones.
+    const int m_block = int(gridDim.x) / splits - 1 - int(blockIdx.x) / splits;
     split = blockIdx.x % splits;
     h = blockIdx.y;
     b = blockIdx.z;
