@@ -207,36 +207,37 @@ struct TileSoftmax {
   bool tile_absent;    // some key of the tile has no page: check valid[]
   const uint8_t* valid;  // [block_n] 1 where the key has a K/V row
 
+  // In phases over all the lane's rows (2 kMT of them), not row by row: a row's quad
+  // max needs two dependent shuffles, and with the rows in turn (and the ALiBi branch
+  // inside the row loop, a basic block per row) their latency was exposed per row; ncu
+  // on an H100 (d64) put 20 K short-scoreboard stall samples on the FMNMX after them,
+  // against FA2's 0.3 K.
   template <bool kMask, bool kCap, int kMT, int kNT, int kDT>
   __device__ __forceinline__ void run(float (&sc)[kMT][kNT][4], float (&m)[kMT][2],
                                       float (&l)[kMT][2], float (&o)[kMT][kDT][4]) const {
     constexpr int kBlockN = kNT * 8;
+    if (kCap || prescale) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int64_t pos = pos0 + mt * kWarps * 16 + 8 * hf;
-        // Visible keys of this row in the tile: [lo, hi) relative to n0.
-        int lo = 0, hi = kBlockN;
-        if constexpr (kMask) {
-          hi = min(n_hi - n0, kBlockN);
-          if (win.right >= 0) hi = int(clamp64(pos + win.right + 1 - n0, 0, hi));
-          if (win.left >= 0) lo = int(clamp64(pos - win.left - n0, 0, kBlockN));
-        }
-        const float rel = float(pos - n0 - 2 * t);  // pos - key at nt = e = 0
-        if (kCap || prescale) {
+        for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& x = sc[mt][nt][2 * hf + e];
-              x = kCap ? cap * fast_tanh(x * mul) : x * mul;
-            }
+          for (int i = 0; i < 4; ++i) {
+            float& x = sc[mt][nt][i];
+            x = kCap ? cap * fast_tanh(x * mul) : x * mul;
           }
         }
-        // ALiBi in a pass of its own behind one uniform branch: tested per element, the
-        // branch cost ~4 instructions an element (BSSY/BRA/BSYNC around the FFMA).
-        if (slope != 0.f) {
+      }
+    }
+    // ALiBi in a pass of its own behind one uniform branch: tested per element, the
+    // branch cost ~4 instructions an element (BSSY/BRA/BSYNC around the FFMA).
+    if (slope != 0.f) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int64_t pos = pos0 + mt * kWarps * 16 + 8 * hf;
+          const float rel = float(pos - n0 - 2 * t);  // pos - key at nt = e = 0
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -244,7 +245,23 @@ struct TileSoftmax {
               sc[mt][nt][2 * hf + e] -= slope * fabsf(rel - float(nt * 8 + e));
           }
         }
-        float mx = -XLA_ATTN_INF;
+      }
+    }
+    // Masking and the lane's row maxima, then the quad reductions of all rows together.
+    float mx[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        // Visible keys of this row in the tile: [lo, hi) relative to n0.
+        int lo = 0, hi = kBlockN;
+        if constexpr (kMask) {
+          const int64_t pos = pos0 + mt * kWarps * 16 + 8 * hf;
+          hi = min(n_hi - n0, kBlockN);
+          if (win.right >= 0) hi = int(clamp64(pos + win.right + 1 - n0, 0, hi));
+          if (win.left >= 0) lo = int(clamp64(pos - win.left - n0, 0, kBlockN));
+        }
+        mx[mt][hf] = -XLA_ATTN_INF;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -254,12 +271,25 @@ struct TileSoftmax {
               const int jl = nt * 8 + 2 * t + e;
               if (jl < lo || jl >= hi || (tile_absent && !valid[jl])) x = -XLA_ATTN_INF;
             }
-            mx = fmaxf(mx, x);
+            mx[mt][hf] = fmaxf(mx[mt][hf], x);
           }
         }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[mt][hf], mx * exp_mul);  // exp_mul > 0: -inf stays
+      }
+    }
+#pragma unroll
+    for (int lane_bit = 1; lane_bit <= 2; lane_bit *= 2) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          mx[mt][hf] = fmaxf(mx[mt][hf], __shfl_xor_sync(0xffffffffu, mx[mt][hf], lane_bit));
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float m_new = fmaxf(m[mt][hf], mx[mt][hf] * exp_mul);  // exp_mul > 0: -inf stays
         // A row with no visible key so far keeps m = -inf; exponents then use 0 so
         // that every term is exp2(-inf) = 0 instead of NaN.
         const float m_use = m_new == -XLA_ATTN_INF ? 0.f : m_new;
