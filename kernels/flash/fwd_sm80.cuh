@@ -377,9 +377,9 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
     l[mt][0] = l[mt][1] = 0.f;
   }
 
-  // Issues tile j's K and V copies into `stage` as two cp.async groups (K first, so
-  // S = Q K^T can start before V lands) and records which keys exist. Returns whether
-  // a key inside [n_lo, n_hi) has no page (the tile then takes the masked path).
+  // Issues tile j's K and V copies into `stage` (one cp.async group each; the loop
+  // waits for both, a tile later) and records which keys exist. Returns whether a key
+  // inside [n_lo, n_hi) has no page (the tile then takes the masked path).
   const RowCopier<D, kBlockN> kv_copier(kv_stride);
   auto issue_kv = [&](int j, int stage) {
     constexpr int kIters = kBlockN * kChunks / kThreads;
