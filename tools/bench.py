@@ -28,7 +28,8 @@ Units and conventions: attention in TFLOP/s with 4*B*S^2*H*D FLOPs for a forward
 causal; varlen sums over sequences; padded peers are credited the varlen FLOPs, not their
 padded work), fwd+bwd = 3.5 x fwd (flash-attn's convention). decode in GB/s of K and V bytes
 attended (B*L*Hkv*D*2*itemsize) and tokens/s (B / time). cache in GB/s of new K/V read plus
-cache rows written. "ours/best" = time of the fastest peer / our time (> 1: we are faster).
+cache rows written. "ours/best" = time of the fastest peer / our time (> 1: we are faster);
+"ours/<peer>" = the same against the peer an issue's target names (TARGET_PEERS).
 
 Timing: wall clock around device syncs (jax.block_until_ready / torch.cuda.synchronize),
 after a warm-up call (compile, plan building) and an estimate call; cells time batches
@@ -67,6 +68,9 @@ TOLERANCE = 2e-2  # bf16 relative error, ||a - b|| / ||b||
 FWD_BWD_FACTOR = 3.5  # flash-attn convention: bwd = 2.5 x fwd FLOPs
 ASSUMED_L2_BYTES = 50 * 2**20  # H100; replaced by torch's device properties when present
 ROLE_ORDER = {"ours": 0, "peer": 1, "ceiling": 2}
+# The peer an issue's target names, per row kind: its own ratio column beside ours/best
+# (FA2 for the dense rows, torch varlen for varlen, torch cuDNN for decode).
+TARGET_PEERS = {"dense": "torch-flash", "varlen": "torch-varlen", "decode": "torch-cudnn"}
 
 LEGEND = {
     "ours": "xla_attn.jax under jax.jit",
@@ -235,7 +239,8 @@ def finalize_row(row: dict) -> dict:
     peers = {n: c for n, c in row["cells"].items() if c["role"] == "peer" and ok(c)}
     best = min(peers, key=lambda n: peers[n]["s"]) if peers else None
     row["best_peer"] = best
-    row["ratio"], row["of_ceiling"] = {}, {}
+    target = TARGET_PEERS.get(row["kind"])
+    row["ratio"], row["of_ceiling"], row["vs_target"] = {}, {}, {}
     ceilings = {n: c for n, c in row["cells"].items() if c["role"] == "ceiling" and ok(c)}
     for name, cell in row["cells"].items():
         if cell["role"] != "ours":
@@ -244,6 +249,8 @@ def finalize_row(row: dict) -> dict:
         # only a checked result gets a ratio: a fast wrong (or unverified) kernel never wins
         checked = cell.get("status") == "ok" and cell.get("s")
         row["ratio"][name] = peers[best]["s"] / cell["s"] if (checked and best) else None
+        if target in peers:
+            row["vs_target"][name] = peers[target]["s"] / cell["s"] if checked else None
         for cname, ccell in ceilings.items():
             row["of_ceiling"][f"{name}/{cname}"] = ccell["s"] / cell["s"] if good else None
     return row
@@ -296,7 +303,10 @@ def build_table(rows: list[dict], metric: str = "value") -> tuple[list[str], lis
     order = sorted(names, key=lambda n: ROLE_ORDER.get(names[n], 9))
     ours = [n for n in order if names[n] == "ours"]
     ceil = [n for n in order if names[n] == "ceiling"]
+    target = TARGET_PEERS.get(rows[0]["kind"]) if rows else None
+    target = target if target in names else None
     headers = ["config"] + order + [f"{o}/best" for o in ours] + ["best peer"]
+    headers += [f"{o}/{target}" for o in ours] if target else []
     headers += [f"{o}/{c}" for o in ours for c in ceil]
     unit = "tok/s" if metric == "tok/s" else rows[0]["unit"] if rows else ""
     lines = []
@@ -309,6 +319,8 @@ def build_table(rows: list[dict], metric: str = "value") -> tuple[list[str], lis
             else:
                 line.append(fmt_ratio(row.get("ratio", {}).get(o)))
         line.append(row.get("best_peer") or "none")
+        if target:
+            line += [fmt_ratio(row.get("vs_target", {}).get(o)) for o in ours]
         for o in ours:
             for c in ceil:
                 line.append(fmt_ratio(row.get("of_ceiling", {}).get(f"{o}/{c}")))
@@ -367,7 +379,9 @@ def conventions(result: dict) -> list[str]:
         "tokens/s = B / step time; ours get max_query_len=1, as a serving loop knows its "
         "decode batch (the decode kernel alone is launched); cache: new K/V read + cache rows "
         "written",
-        "ours/best = fastest peer's time / our time (>1: ours faster); WRONG = our output "
+        "ours/best = fastest peer's time / our time (>1: ours faster); ours/<peer> = the "
+        "same against the peer the targets name (dense: torch-flash = FA2, varlen: "
+        "torch-varlen, decode: torch-cudnn); WRONG = our output "
         "differs from the fastest peer's by >= 2e-2 relative (no number shown); "
         "n/a = unavailable or failed (reason in the JSON); '?' = no reference to check against",
         f"timing: median of samples after warm-up, wall clock around device syncs, at most "
@@ -1534,8 +1548,11 @@ def selftest() -> int:
     report = text_report(result)
     for needle in ("WRONG", "n/a", "skip", "?", "0.040x", "ours/best", "tokens/s", "ours/copy"):
         assert needle in report, needle
+    assert abs(d128["vs_target"]["ours"] - 20 / 400) < 1e-9  # against torch-flash (FA2)
     headers, lines = build_table([r for r in rows if r["kind"] == "dense"])
     assert headers[:2] == ["config", "ours"] and all(len(x) == len(headers) for x in lines)
+    col = headers.index("ours/torch-flash")
+    assert "0.050x" in [x[col] for x in lines] and "WRONG" not in [x[col] for x in lines]
     assert lines[0][0].startswith("d=64 full") and "WRONG" in [x[1] for x in lines]
     print(report)
     with tempfile.TemporaryDirectory() as tmp:
