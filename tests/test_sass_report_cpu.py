@@ -1,0 +1,53 @@
+"""tools/sass_report.py's parsers on hand-written cuobjdump and ptxas text (the tool
+itself needs NVRTC, ptxas and cuobjdump; these parts need nothing)."""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
+import sass_report as sr  # noqa: E402
+
+SASS = """
+        code for sm_90
+                Function : kern_a
+        /*0000*/                   LDSM.16.M88.4 R8, [R2] ;                 /* 0x000000000208783b */
+        /*0010*/                   HMMA.16816.F32.BF16 R20, R4, R10, RZ ;   /* 0x0000000a0414723c */
+        /*0020*/                   MUFU.EX2 R3, R3 ;                        /* 0x0000000300037308 */
+        /*0030*/                   IADD3 R1, R1, 0x1, RZ ;                  /* 0x0000000101017810 */
+        /*0040*/                   IADD3 R1, R1, 0x1, RZ ;                  /* 0x0000000101017810 */
+        /*0050*/                   HMMA.16816.F32.BF16 R24, R8, R30, R24 ;  /* 0x0000001e0818723c */
+        /*0060*/              @!P0 STL [R1], R5 ;                           /* 0x0000000501008387 */
+                Function : kern_b
+        /*0000*/                   HMMA.16816.F32.BF16 R20, R4, R6, RZ ;    /* 0x000000060414723c */
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;            /* 0x0000000000007b1d */
+"""
+
+PTXAS = """ptxas info    : Compiling entry function 'kern_a' for 'sm_90'
+ptxas info    : Function properties for kern_a
+    40 bytes stack frame, 40 bytes spill stores, 64 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 40 bytes cumulative stack size
+ptxas info    : Compiling entry function 'kern_b' for 'sm_90'
+ptxas info    : Function properties for kern_b
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers
+"""
+
+
+def test_kernels_and_opcodes():
+    kernels = sr.kernels_of(SASS)
+    assert list(kernels) == ["kern_a", "kern_b"]
+    assert [sr.opcode(x) for x in kernels["kern_a"]] == [
+        "LDSM", "HMMA", "MUFU", "IADD3", "IADD3", "HMMA", "STL"]
+    assert [sr.opcode(x) for x in kernels["kern_b"]] == ["HMMA", "BAR"]
+
+
+def test_near_hmma_counts_operands_an_ldsm_just_wrote():
+    ins = sr.kernels_of(SASS)["kern_a"]
+    # HMMA 1 reads R10 (LDSM's R8..R11) one instruction later; HMMA 2 reads R8 five later
+    assert sr.near_hmma(ins, 6) == 2
+    assert sr.near_hmma(ins, 5) == 1
+    assert sr.near_hmma(ins, 1) == 0
+    assert sr.near_hmma(sr.kernels_of(SASS)["kern_b"], 6) == 0  # no LDSM at all
+
+
+def test_ptxas_info():
+    assert sr.ptxas_info(PTXAS) == {"kern_a": (255, 40, 64), "kern_b": (96, 0, 0)}

@@ -1,0 +1,142 @@
+"""Static SASS report of one kernel module, without a GPU: what ptxas made of it.
+
+  python tools/sass_report.py flash_fwd_sm80 [--ptx-arch 80] [--sm 90] [--kernel bf16_d128]
+
+The module is compiled as the build compiles it (NVRTC to PTX for --ptx-arch, ptxas to a
+cubin for --sm), then disassembled. Per kernel it prints: registers and spill bytes (ptxas
+-v), SASS instructions, HMMA, the HMMA whose A or B operand an LDSM wrote fewer than
+--near instructions earlier (such an mma stalls on shared memory), MUFU, local-memory
+loads and stores, and block barriers.
+
+Why this check exists: on 2026-11-23, ncu on an H100 traced most of the sm80 forward's
+gap to FA2 to two things, both visible in the SASS without a GPU. The S = Q K^T mma waited
+on just-issued ldmatrix: 111 of the d128 kernel's 256 HMMA were "near", then 18 after the
+fix. The later phased softmax brought the count back to 142, in P V, with no measurable loss.
+The softmax's exponentials were also kept out of the P V mma's basic block, which shows as
+MUFU runs apart from HMMA runs. docs/benchmarks.md has the measurements.
+
+Needs the build's CUDA wheels (NVRTC and ptxas, pyproject.toml's build-system.requires)
+and cuobjdump, either on PATH or from `pip install nvidia-cuda-cuobjdump`.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import build_kernels as bk  # noqa: E402
+
+INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+PTXAS_KERNEL = re.compile(r"Compiling entry function '(\w+)'")
+PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+def cuobjdump() -> str:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    for base in {sysconfig.get_paths()["purelib"], *sys.path}:
+        for candidate in pathlib.Path(base or ".").glob("nvidia/*/bin/cuobjdump"):
+            return str(candidate)
+    raise SystemExit("sass_report: no cuobjdump on PATH; `pip install nvidia-cuda-cuobjdump`")
+
+
+def opcode(instruction: str) -> str:
+    words = instruction.split()
+    if words and words[0].startswith("@"):  # predicate guard
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def kernels_of(sass: str) -> dict[str, list[str]]:
+    """Kernel name -> its SASS instructions in order (cuobjdump -sass text)."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in sass.splitlines():
+        if "Function :" in line:
+            current = out.setdefault(line.split(":", 1)[1].strip(), [])
+        elif current is not None:
+            m = INSTRUCTION.search(line)
+            if m:
+                current.append(m.group(1))
+    return out
+
+
+def near_hmma(instructions: list[str], near: int) -> int:
+    """HMMA whose A or B register was written by an LDSM fewer than `near` instructions
+    earlier (an LDSM .x4 writes 4 consecutive registers)."""
+    written_at: dict[int, int] = {}
+    count = 0
+    for i, ins in enumerate(instructions):
+        op = opcode(ins)
+        regs = [int(r) for r in re.findall(r"\bR(\d+)\b", ins)]
+        if op == "LDSM" and regs:
+            for r in range(regs[0], regs[0] + 4):
+                written_at[r] = i
+        elif op == "HMMA" and len(regs) >= 3:
+            if any(i - written_at.get(r, -near) < near for r in regs[1:3]):
+                count += 1
+    return count
+
+
+def ptxas_info(log: str) -> dict[str, tuple[int, int, int]]:
+    """Kernel name -> (registers, spill store bytes, spill load bytes) from ptxas -v."""
+    info, name, spill = {}, None, (0, 0)
+    for line in log.splitlines():
+        if m := PTXAS_KERNEL.search(line):
+            name, spill = m.group(1), (0, 0)
+        elif (m := PTXAS_SPILL.search(line)) and name:
+            spill = (int(m.group(1)), int(m.group(2)))
+        elif (m := PTXAS_REGS.search(line)) and name:
+            info[name] = (int(m.group(1)), *spill)
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("module", help="a module of kernels/dispatch/variants.py, e.g. flash_fwd_sm80")
+    parser.add_argument("--ptx-arch", default="80", help="NVRTC virtual arch (default 80)")
+    parser.add_argument("--sm", default="90", help="ptxas real arch (default 90)")
+    parser.add_argument("--kernel", default="", help="regex on kernel names")
+    parser.add_argument("--near", type=int, default=6, help="LDSM-to-HMMA distance (default 6)")
+    args = parser.parse_args(argv)
+
+    modules = {m.name: m for m in bk.vt.MODULES}
+    if args.module not in modules:
+        parser.error(f"module must be one of {sorted(modules)}, got {args.module!r}")
+    tk = bk.toolkit(host=False)
+    ptx = bk.nvrtc_ptx(str(tk["nvrtc"]), bk.module_source(modules[args.module]),
+                       f"{args.module}.cu", args.ptx_arch, [str(bk.KERNELS), str(tk["cuda_include"])])
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = pathlib.Path(tmp, "m.ptx"), pathlib.Path(tmp, "m.cubin")
+        src.write_bytes(ptx)
+        log = subprocess.run([str(tk["ptxas"]), f"-arch=sm_{args.sm}", *bk.PTXAS_FLAGS, "-v",
+                              str(src), "-o", str(cubin)], check=True, capture_output=True,
+                             text=True)
+        sass = subprocess.run([cuobjdump(), "-sass", str(cubin)], check=True,
+                              capture_output=True, text=True).stdout
+    info = ptxas_info(log.stdout + log.stderr)
+    print(f"{args.module}: compute_{args.ptx_arch} PTX -> sm_{args.sm}")
+    print(f"{'kernel':44} {'regs':>4} {'spill st/ld':>11} {'instr':>6} {'HMMA':>5} "
+          f"{'near':>5} {'MUFU':>5} {'LDL/STL':>7} {'BAR':>4}")
+    for name, ins in sorted(kernels_of(sass).items()):
+        if not re.search(args.kernel, name):
+            continue
+        ops = [opcode(x) for x in ins]
+        regs, st, ld = info.get(name, (0, 0, 0))
+        print(f"{name:44} {regs:4} {f'{st}/{ld}':>11} {len(ins):6} {ops.count('HMMA'):5} "
+              f"{near_hmma(ins, args.near):5} {ops.count('MUFU'):5} "
+              f"{ops.count('LDL') + ops.count('STL'):7} {ops.count('BAR'):4}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
