@@ -194,14 +194,14 @@ def _flash_bwd_variants():
             threads=128)
 
 
-# Head-dim buckets of the sm80 backward (kernels/flash/sm80_tiles.h, kBwdMaxHeadDim):
-# the forward's up to 128, from 2 (D of every row fits in the dq buffer as scratch).
-SM80_BWD_HEAD_BUCKETS = ((2, 32),) + SM80_HEAD_BUCKETS[1:4]
+# Head-dim buckets of the sm80 backward (kernels/flash/sm80_tiles.h, bwd_stream_block):
+# the forward's, from 2 (D of every row fits in the dq buffer as scratch).
+SM80_BWD_HEAD_BUCKETS = ((2, 32),) + SM80_HEAD_BUCKETS[1:]
 
 
 def _flash_bwd_sm80_variants():
     # Tensor-core backward (kernels/flash/bwd_sm80.cuh), f16 and bf16: dq and dkdv per
-    # bucket, 2 x 2 x 4 = 16, plus the D = dO . O pass per dtype: 2. Preferred over the
+    # bucket, 2 x 2 x 5 = 20, plus the D = dO . O pass per dtype: 2. Preferred over the
     # portable kernels wherever they match.
     features = ALL_FEATURES & ~FEATURES["paged"] & ~FEATURES["fp8"]
     for kind, dt, (lo, hi) in itertools.product(("dq", "dkdv"), ("f16", "bf16"),

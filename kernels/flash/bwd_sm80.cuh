@@ -1,4 +1,4 @@
-// Flash attention backward, sm80 family (sm_80 .. sm_90; f16 and bf16, head dims <= 128):
+// Flash attention backward, sm80 family (sm_80 .. sm_90; f16 and bf16, head dims <= 256):
 // the portable backward's split (flash/bwd_portable.cuh) on tensor cores (mma.sync
 // m16n8k16, f32 accumulators), P recomputed from the forward's softmax_lse:
 //
@@ -6,14 +6,17 @@
 //                         the dq buffer (scratch: dq is written last; hd >= 2 makes it
 //                         fit, and the op has no workspace result).
 //   flash_bwd_dkdv_sm80   one block per (64 keys, kv head): K and V stay in shared
-//                         memory while 64-row tiles of Q, dO, lse and D of every query
-//                         head of the GQA group stream through two stages. Per tile and
-//                         warp (16 keys): S^T = K Q^T and dP^T = V dO^T, then
+//                         memory while tiles of Q, dO, lse and D (64 rows; 16 at d256,
+//                         see sm80_tiles.h) of every query head of the GQA group stream
+//                         through two stages. Per tile and warp (16 keys): S^T = K Q^T
+//                         and dP^T = V dO^T, then
 //                         P^T = exp(S^T - lse), dS^T = P^T (dP^T - D) softcap'(S), and
 //                         dV += P^T dO, dK += dS^T Q with P^T, dS^T straight from the
-//                         accumulators as A fragments (see fwd_sm80.cuh).
+//                         accumulators as A fragments (see fwd_sm80.cuh). At d256 a
+//                         key block is two blocks, one accumulating dV, one dK.
 //   flash_bwd_dq_sm80     one block per (64 query rows, head): Q, dO stay, K/V tiles
-//                         stream; S = Q K^T, dP = dO V^T, dS, dQ += dS K. It computes its
+//                         (64 keys; 16 at d256) stream; S = Q K^T, dP = dO V^T, dS,
+//                         dQ += dS K. It computes its
 //                         rows' D itself, so overwriting the scratch is safe.
 //
 // Every gradient element has one owner (no atomics, deterministic); the price is S and
@@ -25,17 +28,17 @@
 namespace xla_attn {
 namespace sm80 {
 
-// A kBwdBlock x D tile of rows [0, valid) of a row-major tensor (`stride` elements
+// A kRows x D tile of rows [0, valid) of a row-major tensor (`stride` elements
 // between rows), zeros elsewhere: 16-byte cp.async where rows are 16-byte aligned,
 // element loads otherwise.
-template <int D, typename T>
+template <int D, int kRows, typename T>
 __device__ __forceinline__ void bwd_load(uint32_t tile_addr, T* tile,
-                                         const RowCopier<D, kBwdBlock>& copier, const T* src,
+                                         const RowCopier<D, kRows>& copier, const T* src,
                                          int64_t stride, int valid, int hd, bool vec) {
   if (vec) {
     copier.copy(tile_addr, src, stride, valid, hd);
   } else {
-    load_tile<D, kBwdBlock, false>(
+    load_tile<D, kRows, false>(
         tile, [&](int, int r) { return r < valid ? src + r * stride : nullptr; }, hd);
   }
 }
@@ -101,40 +104,42 @@ __device__ __forceinline__ bool bwd_vec(int hd, const P*... ptrs) {
   return hd % 8 == 0 && (aligned_to<P>(ptrs, 16) && ...);
 }
 
-// Two products over the same D-wide k-steps for the warp's 16 rows x kB columns:
-// acc0 += A0 B0^T and acc1 += A1 B1^T, A at rows warp*16 of tiles a0 / a1, B tiles
-// b0 / b1 (kB rows each) read as stored (their rows are the products' columns).
-template <typename T, int D>
-__device__ __forceinline__ void two_products(float (&acc0)[kBwdBlock / 8][4],
-                                             float (&acc1)[kBwdBlock / 8][4], uint32_t a0,
-                                             uint32_t a1, uint32_t b0, uint32_t b1, int warp,
-                                             const LdsmLane<D>& lds_a, const LdsmLane<D>& lds_b) {
+// Two products over the same D-wide k-steps for the warp's 16 rows x kN columns:
+// acc0 += A0 B0^T and (kSecond) acc1 += A1 B1^T, A at rows warp*16 of tiles a0 / a1,
+// B tiles b0 / b1 (kN rows each) read as stored (their rows are the products' columns).
+template <typename T, int D, int kN, bool kSecond = true>
+__device__ __forceinline__ void two_products(float (&acc0)[kN / 8][4], float (&acc1)[kN / 8][4],
+                                             uint32_t a0, uint32_t a1, uint32_t b0, uint32_t b1,
+                                             int warp, const LdsmLane<D>& lds_a,
+                                             const LdsmLane<D>& lds_b) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t x0[4], x1[4];
     ldsm_x4(x0, lds_a(a0, warp * 16, kk));
-    ldsm_x4(x1, lds_a(a1, warp * 16, kk));
+    if (kSecond) ldsm_x4(x1, lds_a(a1, warp * 16, kk));
 #pragma unroll
-    for (int nn = 0; nn < kBwdBlock / 16; ++nn) {
+    for (int nn = 0; nn < kN / 16; ++nn) {
       uint32_t y[4];  // B rows nn*16 + 0..7: {y0, y1}; + 8..15: {y2, y3}
       ldsm_x4(y, lds_b(b0, nn * 16, kk));
       mma_16816<T>(acc0[2 * nn], x0, y[0], y[1]);
       mma_16816<T>(acc0[2 * nn + 1], x0, y[2], y[3]);
-      ldsm_x4(y, lds_b(b1, nn * 16, kk));
-      mma_16816<T>(acc1[2 * nn], x1, y[0], y[1]);
-      mma_16816<T>(acc1[2 * nn + 1], x1, y[2], y[3]);
+      if (kSecond) {
+        ldsm_x4(y, lds_b(b1, nn * 16, kk));
+        mma_16816<T>(acc1[2 * nn], x1, y[0], y[1]);
+        mma_16816<T>(acc1[2 * nn + 1], x1, y[2], y[3]);
+      }
     }
   }
 }
 
-// acc += P B for the warp's 16 rows: P (16 x kB) from f32 accumulators, rounded to T as
-// A fragments (c0,c1 -> a0 / a2; c2,c3 -> a1 / a3, see fwd_sm80.cuh), and B the kB x D
+// acc += P B for the warp's 16 rows: P (16 x kK) from f32 accumulators, rounded to T as
+// A fragments (c0,c1 -> a0 / a2; c2,c3 -> a1 / a3, see fwd_sm80.cuh), and B the kK x D
 // tile at `b` (row-major: its B fragments by ldmatrix.trans).
-template <typename T, int D>
-__device__ __forceinline__ void product_pb(float (&acc)[D / 8][4], const float (&pr)[kBwdBlock / 8][4],
+template <typename T, int D, int kK>
+__device__ __forceinline__ void product_pb(float (&acc)[D / 8][4], const float (&pr)[kK / 8][4],
                                            uint32_t b, const LdsmLane<D>& lds_a) {
 #pragma unroll
-  for (int kk = 0; kk < kBwdBlock / 16; ++kk) {
+  for (int kk = 0; kk < kK / 16; ++kk) {
     const uint32_t a[4] = {pack2<T>(pr[2 * kk][0], pr[2 * kk][1]),
                            pack2<T>(pr[2 * kk][2], pr[2 * kk][3]),
                            pack2<T>(pr[2 * kk + 1][0], pr[2 * kk + 1][1]),
@@ -169,24 +174,31 @@ __device__ void flash_bwd_delta_sm80(const xla_attn_flash_bwd_params& p) {
   }
 }
 
-template <typename T, int D>
-__device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
+// The gradients a dk/dv block accumulates: both, or at d256 (sm80::bwd_split_grads)
+// one of them, so that its accumulators fit the registers.
+enum BwdGrads { kGradDV = 1, kGradDK = 2, kGradBoth = 3 };
+
+// Key block `key_block` (64 keys) of kv head blockIdx.y of sequence blockIdx.z.
+template <typename T, int D, int kGrads>
+__device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_bwd_params& p,
+                                                          int key_block) {
   using namespace sm80;
-  constexpr int kB = kBwdBlock;
-  constexpr int kNT = kB / 8;  // n8 tiles of S^T (query rows) per warp
+  constexpr int kB = kBwdBlock;             // keys of the block
+  constexpr int kS = bwd_stream_block(D);   // query rows of a streamed tile
+  constexpr int kNT = kS / 8;  // n8 tiles of S^T (query rows) per warp
   constexpr int kDT = D / 8;   // n8 tiles of dK, dV
+  constexpr bool kDV = kGrads & kGradDV, kDK = kGrads & kGradDK;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kB * D;
-  T* sQ = sV + kB * D;                 // [kStages][kB x D]
-  T* sdO = sQ + kStages * kB * D;      // [kStages][kB x D]
-  float* sLse = reinterpret_cast<float*>(sdO + kStages * kB * D);  // [kStages][kB], natural log
-  float* sDelta = sLse + kStages * kB;                              // [kStages][kB]
+  T* sQ = sV + kB * D;                 // [kStages][kS x D]
+  T* sdO = sQ + kStages * kS * D;      // [kStages][kS x D]
+  float* sLse = reinterpret_cast<float*>(sdO + kStages * kS * D);  // [kStages][kS], natural log
+  float* sDelta = sLse + kStages * kS;                              // [kStages][kS]
 
   const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
-  if (dkdv_padding_block<T>(p)) return;
   const Sequence s = bwd_sequence(p, b);
-  const int n0 = blockIdx.x * kB;
+  const int n0 = key_block * kB;
   if (n0 >= s.num_k_rows) return;
   const int group = p.num_heads / p.num_heads_k;
   const int64_t q_stride = int64_t(p.num_heads) * hd, kv_stride = int64_t(p.num_heads_k) * hd;
@@ -202,30 +214,31 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
   const uint32_t sK_addr = smem_addr(sK), sV_addr = smem_addr(sV), sQ_addr = smem_addr(sQ),
                  sdO_addr = smem_addr(sdO), sLse_addr = smem_addr(sLse),
                  sDelta_addr = smem_addr(sDelta);
-  const RowCopier<D, kB> kv_copier(kv_stride), q_copier(q_stride);
+  const RowCopier<D, kB> kv_copier(kv_stride);
+  const RowCopier<D, kS> q_copier(q_stride);
   bwd_load<D>(sK_addr, sK, kv_copier, k, kv_stride, keys_valid, hd, vec);
-  bwd_load<D>(sV_addr, sV, kv_copier, v, kv_stride, keys_valid, hd, vec);
+  if (kDK) bwd_load<D>(sV_addr, sV, kv_copier, v, kv_stride, keys_valid, hd, vec);  // dP^T's
   cp_async_commit();
 
   int i_lo = 0, i_hi = 0;
   if (keys_valid > 0) win.row_range(n0, min(n0 + kB, s.num_k) - 1, s.offset, s.num_q, &i_lo, &i_hi);
-  const int per_head = (i_hi - i_lo + kB - 1) / kB;
+  const int per_head = (i_hi - i_lo + kS - 1) / kS;
   const int tiles = per_head * group;  // (query head of the group, row tile) pairs
 
   // Tile `it` (head hk * group + it / per_head, rows i0 ...) into `stage`: Q and dO
   // rows, their lse and D (zeros past i_hi: those rows then add nothing).
   auto issue = [&](int it, int stage) {
-    const int h = hk * group + it / per_head, i0 = i_lo + (it % per_head) * kB;
+    const int h = hk * group + it / per_head, i0 = i_lo + (it % per_head) * kS;
     const int64_t first = s.q_start + i0;
     const T* q = static_cast<const T*>(p.q) + first * q_stride + int64_t(h) * hd;
     const T* dout = static_cast<const T*>(p.dout) + first * q_stride + int64_t(h) * hd;
-    const uint32_t at = 2u * uint32_t(stage * kB * D);
-    bwd_load<D>(sQ_addr + at, sQ + stage * kB * D, q_copier, q, q_stride, i_hi - i0, hd, vec);
-    bwd_load<D>(sdO_addr + at, sdO + stage * kB * D, q_copier, dout, q_stride, i_hi - i0, hd, vec);
-    if (threadIdx.x < 2 * kB / 4) {  // 16 threads: lse, 16: D, 4 rows each (16 bytes)
-      const int part = threadIdx.x / (kB / 4), r = 4 * (threadIdx.x % (kB / 4));
+    const uint32_t at = 2u * uint32_t(stage * kS * D);
+    bwd_load<D>(sQ_addr + at, sQ + stage * kS * D, q_copier, q, q_stride, i_hi - i0, hd, vec);
+    bwd_load<D>(sdO_addr + at, sdO + stage * kS * D, q_copier, dout, q_stride, i_hi - i0, hd, vec);
+    if (threadIdx.x < 2 * kS / 4) {  // kS / 4 threads: lse, kS / 4: D, 4 rows each (16 bytes)
+      const int part = threadIdx.x / (kS / 4), r = 4 * (threadIdx.x % (kS / 4));
       const float* src = (part == 0 ? p.softmax_lse : delta_g) + int64_t(h) * p.total_q + first + r;
-      const uint32_t dst = (part == 0 ? sLse_addr : sDelta_addr) + 4u * uint32_t(stage * kB + r);
+      const uint32_t dst = (part == 0 ? sLse_addr : sDelta_addr) + 4u * uint32_t(stage * kS + r);
       // 4 floats when all 4 rows exist and the source is 16-byte aligned, else one by one
       if (i0 + r + 4 <= i_hi && aligned_to<float>(src, 16)) {
         cp_async_16_or_zero(dst, src, true);
@@ -242,13 +255,13 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
     cp_async_commit();
   };
 
-  float dk[kDT][4] = {}, dv[kDT][4] = {};
+  float dk[kDK ? kDT : 1][4] = {}, dv[kDV ? kDT : 1][4] = {};
   int64_t h_prev = -1;
   BwdScore sc_mod{};
   if (tiles > 0) issue(0, 0);
   for (int it = 0; it < tiles; ++it) {
     const int stage = it % kStages, h = hk * group + it / per_head;
-    const int i0 = i_lo + (it % per_head) * kB;
+    const int i0 = i_lo + (it % per_head) * kS;
     cp_async_wait<0>();  // K, V and tile `it`
     __syncthreads();     // ... for every thread; tile it - 1 fully consumed
     if (it + 1 < tiles) issue(it + 1, (it + 1) % kStages);
@@ -262,22 +275,22 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
                         capped};
     }
 
-    // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys x 64 rows.
-    const uint32_t tQ = sQ_addr + 2u * uint32_t(stage * kB * D);
-    const uint32_t tdO = sdO_addr + 2u * uint32_t(stage * kB * D);
+    // S^T = K Q^T and (for dK) dP^T = V dO^T for the warp's 16 keys x kS rows.
+    const uint32_t tQ = sQ_addr + 2u * uint32_t(stage * kS * D);
+    const uint32_t tdO = sdO_addr + 2u * uint32_t(stage * kS * D);
     float st[kNT][4] = {}, dpt[kNT][4] = {};
-    two_products<T, D>(st, dpt, sK_addr, sV_addr, tQ, tdO, warp, lds_a, lds_b);
+    two_products<T, D, kS, kDK>(st, dpt, sK_addr, sV_addr, tQ, tdO, warp, lds_a, lds_b);
 
     // P^T and dS^T. Element (hf, nt, e): key n0 + warp*16 + g + 8 hf, row i0 + 8 nt + 2t + e.
     // The common tile (inside every mask, no softcap, no ALiBi) is a copy of its own:
     // per element an FFMA, the exp2, an FADD and an FMUL (the general body tests the
     // mask, softcap and ALiBi per element, ~20 instructions).
     const bool mask =
-        n0 + kB > s.num_k || i0 + kB > i_hi ||
+        n0 + kB > s.num_k || i0 + kS > i_hi ||
         (win.right >= 0 && int64_t(n0) + kB - 1 > int64_t(i0) + s.offset + win.right) ||
-        (win.left >= 0 && int64_t(n0) < int64_t(i0) + kB - 1 + s.offset - win.left);
-    const float* lse_t = sLse + stage * kB;
-    const float* del_t = sDelta + stage * kB;
+        (win.left >= 0 && int64_t(n0) < int64_t(i0) + kS - 1 + s.offset - win.left);
+    const float* lse_t = sLse + stage * kS;
+    const float* del_t = sDelta + stage * kS;
     // Called with a constant: inlined, each call is a copy specialised on it.
     auto probs = [&](const bool kFast) {
 #pragma unroll
@@ -295,7 +308,7 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
             float& d = dpt[nt][2 * hf + e];
             if (kFast) {
               x = fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]));
-              d = x * (d - dl[e]);
+              if (kDK) d = x * (d - dl[e]);
             } else {
               const int i = i0 + col + e;
               const int64_t pos = int64_t(i) + s.offset;
@@ -303,7 +316,7 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
               float pr = sc_mod.prob(x, pos, key, lse2[e], &grad);
               if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
               x = pr;
-              d = pr * (d - dl[e]) * grad;
+              if (kDK) d = pr * (d - dl[e]) * grad;
             }
           }
         }
@@ -313,8 +326,8 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
     // probabilities lets ptxas interleave their exponentials with the mma (as in the
     // forward, flash/fwd_sm80.cuh).
     auto products = [&] {
-      product_pb<T, D>(dv, st, tdO, lds_a);
-      product_pb<T, D>(dk, dpt, tQ, lds_a);
+      if constexpr (kDV) product_pb<T, D, kS>(dv, st, tdO, lds_a);
+      if constexpr (kDK) product_pb<T, D, kS>(dk, dpt, tQ, lds_a);
     };
     if (!mask && !sc_mod.capped && sc_mod.slope == 0.f) {
       probs(true);
@@ -330,23 +343,44 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
   // Keys [num_k, num_k_rows) own gradient rows too: they saw nothing, so theirs are 0.
   const int rows = min(16, s.num_k_rows - n0 - warp * 16);
   const int64_t off = (s.k_start + n0 + warp * 16) * kv_stride + int64_t(hk) * hd;
-  bwd_store_rows<T, D>(sK + warp * 16 * D, dk, p.softmax_scale, static_cast<T*>(p.dk) + off,
-                       kv_stride, rows, hd, vec);
-  bwd_store_rows<T, D>(sV + warp * 16 * D, dv, 1.f, static_cast<T*>(p.dv) + off, kv_stride, rows,
-                       hd, vec);
+  if constexpr (kDK) {
+    bwd_store_rows<T, D>(sK + warp * 16 * D, dk, p.softmax_scale, static_cast<T*>(p.dk) + off,
+                         kv_stride, rows, hd, vec);
+  }
+  if constexpr (kDV) {
+    bwd_store_rows<T, D>(sV + warp * 16 * D, dv, 1.f, static_cast<T*>(p.dv) + off, kv_stride,
+                         rows, hd, vec);
+  }
+}
+
+// Grid (key blocks x (2 at d256, else 1), kv heads, batch + 1 padding block). At d256
+// the even block of a pair accumulates dV, the odd one dK, over the same 64 keys.
+template <typename T, int D>
+__device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
+  if (dkdv_padding_block<T>(p)) return;
+  if constexpr (sm80::bwd_split_grads(D)) {
+    if (blockIdx.x % 2 == 0) {
+      flash_bwd_dkdv_sm80_block<T, D, kGradDV>(p, blockIdx.x / 2);
+    } else {
+      flash_bwd_dkdv_sm80_block<T, D, kGradDK>(p, blockIdx.x / 2);
+    }
+  } else {
+    flash_bwd_dkdv_sm80_block<T, D, kGradBoth>(p, blockIdx.x);
+  }
 }
 
 template <typename T, int D>
 __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
   using namespace sm80;
-  constexpr int kB = kBwdBlock;
-  constexpr int kNT = kB / 8;  // n8 tiles of S (keys) per warp
+  constexpr int kB = kBwdBlock;            // query rows of the block
+  constexpr int kS = bwd_stream_block(D);  // keys of a streamed tile
+  constexpr int kNT = kS / 8;  // n8 tiles of S (keys) per warp
   constexpr int kDT = D / 8;   // n8 tiles of dQ
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + kB * D;
-  T* sK = sdO + kB * D;             // [kStages][kB x D]
-  T* sV = sK + kStages * kB * D;    // [kStages][kB x D]
+  T* sK = sdO + kB * D;             // [kStages][kS x D]
+  T* sV = sK + kStages * kS * D;    // [kStages][kS x D]
 
   const int h = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
   if (dq_padding_block<T>(p)) return;
@@ -367,22 +401,23 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
   int n_lo, n_hi;
   const int m_last = min(m0 + kB, s.num_q) - 1;
   win.key_range(m0, m_last, s.offset, s.num_k, &n_lo, &n_hi);
-  const int tiles = (n_hi - n_lo + kB - 1) / kB;
+  const int tiles = (n_hi - n_lo + kS - 1) / kS;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const LdsmLane<D> lds_a = LdsmLane<D>::a_operand(lane), lds_b = LdsmLane<D>::b_operand(lane);
   const uint32_t sQ_addr = smem_addr(sQ), sdO_addr = smem_addr(sdO), sK_addr = smem_addr(sK),
                  sV_addr = smem_addr(sV);
-  const RowCopier<D, kB> q_copier(q_stride), kv_copier(kv_stride);
+  const RowCopier<D, kB> q_copier(q_stride);
+  const RowCopier<D, kS> kv_copier(kv_stride);
   bwd_load<D>(sQ_addr, sQ, q_copier, q, q_stride, rows_valid, hd, vec);
   bwd_load<D>(sdO_addr, sdO, q_copier, dout, q_stride, rows_valid, hd, vec);
   cp_async_commit();
   auto issue = [&](int j, int stage) {
-    const int n0 = n_lo + j * kB;
-    const uint32_t at = 2u * uint32_t(stage * kB * D);
-    bwd_load<D>(sK_addr + at, sK + stage * kB * D, kv_copier, k + n0 * kv_stride, kv_stride,
+    const int n0 = n_lo + j * kS;
+    const uint32_t at = 2u * uint32_t(stage * kS * D);
+    bwd_load<D>(sK_addr + at, sK + stage * kS * D, kv_copier, k + n0 * kv_stride, kv_stride,
                 n_hi - n0, hd, vec);
-    bwd_load<D>(sV_addr + at, sV + stage * kB * D, kv_copier, v + n0 * kv_stride, kv_stride,
+    bwd_load<D>(sV_addr + at, sV + stage * kS * D, kv_copier, v + n0 * kv_stride, kv_stride,
                 n_hi - n0, hd, vec);
     cp_async_commit();
   };
@@ -412,22 +447,22 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
 
   float dq[kDT][4] = {};
   for (int j = 0; j < tiles; ++j) {
-    const int n0 = n_lo + j * kB, stage = j % kStages;
+    const int n0 = n_lo + j * kS, stage = j % kStages;
     cp_async_wait<0>();  // (Q, dO,) K_j, V_j
     __syncthreads();
     if (j + 1 < tiles) issue(j + 1, (j + 1) % kStages);
 
-    // S = Q K^T and dP = dO V^T for the warp's 16 rows x 64 keys.
-    const uint32_t tK = sK_addr + 2u * uint32_t(stage * kB * D);
-    const uint32_t tV = sV_addr + 2u * uint32_t(stage * kB * D);
+    // S = Q K^T and dP = dO V^T for the warp's 16 rows x kS keys.
+    const uint32_t tK = sK_addr + 2u * uint32_t(stage * kS * D);
+    const uint32_t tV = sV_addr + 2u * uint32_t(stage * kS * D);
     float sc[kNT][4] = {}, dp[kNT][4] = {};
-    two_products<T, D>(sc, dp, sQ_addr, sdO_addr, tK, tV, warp, lds_a, lds_b);
+    two_products<T, D, kS>(sc, dp, sQ_addr, sdO_addr, tK, tV, warp, lds_a, lds_b);
 
     // dS in place of S. Element (hf, nt, e): row m0 + warp*16 + g + 8 hf, key n0 + 8 nt + 2t + e;
     // the common tile a copy of its own, as in the dkdv kernel.
     const bool mask =
-        n0 + kB > n_hi ||
-        (win.right >= 0 && int64_t(n0) + kB - 1 > int64_t(m0) + s.offset + win.right) ||
+        n0 + kS > n_hi ||
+        (win.right >= 0 && int64_t(n0) + kS - 1 > int64_t(m0) + s.offset + win.right) ||
         (win.left >= 0 && int64_t(n0) < int64_t(m_last) + s.offset - win.left);
     // Called with a constant: inlined, each call is a copy specialised on it.
     auto grads = [&](const bool kFast) {
@@ -456,10 +491,10 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
     // dQ += dS K, in each branch (as dV and dK above).
     if (!mask && !mod.capped && mod.slope == 0.f) {
       grads(true);
-      product_pb<T, D>(dq, sc, tK, lds_a);
+      product_pb<T, D, kS>(dq, sc, tK, lds_a);
     } else {
       grads(false);
-      product_pb<T, D>(dq, sc, tK, lds_a);
+      product_pb<T, D, kS>(dq, sc, tK, lds_a);
     }
   }
   cp_async_wait<0>();  // Q and dO when there was no tile

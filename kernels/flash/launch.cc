@@ -141,12 +141,15 @@ std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::
     return "flash_bwd: the sm80 dkdv kernel needs the sm80 dq and delta kernels";
   }
   constexpr int kB = sm80::kBwdBlock;
-  const size_t smem = size_t(sm80::bwd_smem_bytes(sm80::head_bucket(p.head_dim)));
+  const int bucket = sm80::head_bucket(p.head_dim);
+  const size_t smem = size_t(sm80::bwd_smem_bytes(bucket));
+  const unsigned grads_split = sm80::bwd_split_grads(bucket) ? 2 : 1;  // dV and dK blocks
   if (p.total_q > 0) {  // 16 rows per delta block (its 4 warps x 4 rows)
     const dim3 grid(unsigned((p.total_q + 15) / 16), p.num_heads);
     if (!(error = dispatch::launch(*delta, grid, 0, stream, &p)).empty()) return error;
   }
-  const dim3 dkdv_grid((std::max(p.max_seqlen_k, 1) + kB - 1) / kB, p.num_heads_k, p.batch + 1);
+  const dim3 dkdv_grid(unsigned((std::max(p.max_seqlen_k, 1) + kB - 1) / kB) * grads_split,
+                       p.num_heads_k, p.batch + 1);
   if (!(error = dispatch::launch(dkdv, dkdv_grid, smem, stream, &p)).empty()) return error;
   const dim3 dq_grid((std::max(p.max_seqlen_q, 1) + kB - 1) / kB, p.num_heads, p.batch + 1);
   return dispatch::launch(*dq, dq_grid, smem, stream, &p);

@@ -54,17 +54,24 @@ static_assert(smem_bytes(32) <= kMaxSmemOptin && smem_bytes(64) <= kMaxSmemOptin
                   smem_bytes(256) <= kMaxSmemOptin,
               "an sm80 tile set exceeds the 99 KB of shared memory sm_86/89 allow a block");
 
-// Backward (flash/bwd_sm80.cuh): 64-row x 64-key tiles, 4 warps of 16 rows each.
-// Head dims up to 128: at 256 a warp's dK and dV accumulators alone would take 256
-// registers a lane (the portable family takes those). Shared memory: one tile each of
-// the two tensors a block keeps (Q, dO or K, V), kStages of the two it streams, and
-// kStages of the per-row lse and delta floats; d128: 97 KB, within sm_86/89's 99 KB.
+// Backward (flash/bwd_sm80.cuh), 4 warps of 16 rows each. A block owns kBwdBlock
+// rows of the tensors it keeps (keys for dk/dv, query rows for dq) and streams
+// bwd_stream_block(d) rows of the others through kStages stages:
+// - d <= 128: 64-row tiles. Shared memory: the two kept tiles, kStages of the two
+//   streamed ones and of the per-row lse and delta floats; d128: 97 KB.
+// - d = 256: 16-row tiles, 64 + 32 KB, so that it too fits sm_86/89's 99 KB (32-row
+//   tiles would take 128 KB: one block an SM even on an H100). A warp's dK and dV
+//   accumulators alone would take 256 registers a lane there, so each key block runs
+//   as two blocks, one for dV and one for dK (bwd_split_grads): 128 f32 accumulators
+//   each, the price S^T = K Q^T computed twice (5 products per tile pair, not 4).
 constexpr int kBwdBlock = 64;
-constexpr int kBwdMaxHeadDim = 128;
+XLA_ATTN_HOST_DEVICE constexpr int bwd_stream_block(int d) { return d <= 128 ? 64 : 16; }
+XLA_ATTN_HOST_DEVICE constexpr bool bwd_split_grads(int d) { return d > 128; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
-  return 2 * kBwdBlock * d * (2 + 2 * kStages) + 2 * kStages * kBwdBlock * 4;
+  return 2 * d * (2 * kBwdBlock + 2 * kStages * bwd_stream_block(d)) +
+         2 * kStages * bwd_stream_block(d) * 4;
 }
-static_assert(bwd_smem_bytes(kBwdMaxHeadDim) <= kMaxSmemOptin,
+static_assert(bwd_smem_bytes(128) <= kMaxSmemOptin && bwd_smem_bytes(256) <= kMaxSmemOptin,
               "the sm80 backward's tiles exceed the 99 KB sm_86/89 allow a block");
 
 // Split-KV (flash-decoding), as in portable_tiles.h but for this family's occupancy:

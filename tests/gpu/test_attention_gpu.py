@@ -49,14 +49,11 @@ def paged_family(request, monkeypatch):
     return request.param
 
 
-def _skip_outside(family, dtype="bfloat16", backward=False, head_dim=128):
-    """The sm80 family (tensor cores) has f16 and bf16 kernels only, its backward head
-    dims up to 128: float32, fp8 and the rest run on the portable family, which the
-    "portable" param tests."""
+def _skip_outside(family, dtype="bfloat16"):
+    """The sm80 family (tensor cores) has f16 and bf16 kernels only: float32 and fp8 run
+    on the portable family, which the "portable" param tests."""
     if family == "sm80" and dtype not in ("float16", "bfloat16"):
         pytest.skip("sm80 family: f16/bf16 only (f32 and fp8 are portable's)")
-    if family == "sm80" and backward and head_dim > 128:
-        pytest.skip("sm80 backward: head dims up to 128 (larger ones are portable's)")
 
 
 def _on(device, *arrays):
@@ -158,18 +155,18 @@ def test_flash_forward_fp8(family, gpu_device, rng, mk):
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_flash_backward(family, gpu_device, rng, mk, dtype, head_dim, feature):
-    _skip_outside(family, dtype, backward=True, head_dim=head_dim)
+    _skip_outside(family, dtype)
     _check_backward(gpu_device, rng, mk, dtype, head_dim, feature, [29, 0, 48, 3], [40, 6, 48, 1],
                     heads=4, heads_k=2)
 
 
 @pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap", "alibi"])
-@pytest.mark.parametrize("head_dim", [20, 64, 96, 100, 128])
+@pytest.mark.parametrize("head_dim", [20, 64, 96, 100, 128, 200, 256])
 def test_flash_backward_long(family, gpu_device, rng, mk, head_dim, feature):
-    """Several 64-row and 64-key tiles per sequence (the sm80 backward's), GQA 4, tile
+    """Several 64-row and 64-key tiles per sequence (the sm80 backward's; 16-row and
+    16-key streamed tiles at d256, whose dV and dK blocks are separate), GQA 4, tile
     skipping and edge masks in both of its passes, head dims padded to a bucket and
-    unaligned rows (20, 100: element loads and stores)."""
-    _skip_outside(family, "bfloat16", backward=True, head_dim=head_dim)
+    unaligned rows (20, 100, 200: element loads and stores)."""
     _check_backward(gpu_device, rng, mk, "bfloat16", head_dim, feature, [300, 129, 1, 64, 0],
                     [300, 200, 333, 64, 70], heads=4, heads_k=1)
 
