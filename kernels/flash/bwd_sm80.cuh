@@ -16,11 +16,12 @@
 //                         key block is two blocks, one accumulating dV, one dK.
 //   flash_bwd_dq_sm80     one block per (64 query rows, head): Q, dO stay, K/V tiles
 //                         (64 keys; 16 at d256) stream; S = Q K^T, dP = dO V^T, dS,
-//                         dQ += dS K. It computes its
-//                         rows' D itself, so overwriting the scratch is safe.
+//                         dQ += dS K. It computes its rows' D itself, so overwriting
+//                         the scratch is safe.
 //
 // Every gradient element has one owner (no atomics, deterministic); the price is S and
-// dP computed twice: 7 matrix products per tile pair where FA2's atomic dQ takes 5.
+// dP computed twice: 7 matrix products per tile pair where FA2's atomic dQ takes 5 (8
+// at d256, where the dV and dK blocks both compute S^T).
 #pragma once
 #include "flash/bwd_portable.cuh"
 #include "flash/fwd_sm80.cuh"
@@ -116,14 +117,14 @@ __device__ __forceinline__ void two_products(float (&acc0)[kN / 8][4], float (&a
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t x0[4], x1[4];
     ldsm_x4(x0, lds_a(a0, warp * 16, kk));
-    if (kSecond) ldsm_x4(x1, lds_a(a1, warp * 16, kk));
+    if constexpr (kSecond) ldsm_x4(x1, lds_a(a1, warp * 16, kk));
 #pragma unroll
     for (int nn = 0; nn < kN / 16; ++nn) {
       uint32_t y[4];  // B rows nn*16 + 0..7: {y0, y1}; + 8..15: {y2, y3}
       ldsm_x4(y, lds_b(b0, nn * 16, kk));
       mma_16816<T>(acc0[2 * nn], x0, y[0], y[1]);
       mma_16816<T>(acc0[2 * nn + 1], x0, y[2], y[3]);
-      if (kSecond) {
+      if constexpr (kSecond) {
         ldsm_x4(y, lds_b(b1, nn * 16, kk));
         mma_16816<T>(acc1[2 * nn], x1, y[0], y[1]);
         mma_16816<T>(acc1[2 * nn + 1], x1, y[2], y[3]);
