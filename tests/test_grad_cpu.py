@@ -118,6 +118,33 @@ def test_varlen_grads_under_jit_and_value(rng, mk):
     check_grads([np.asarray(g) for g in grads], want, "float32")
 
 
+@pytest.mark.parametrize("dense", [False, True])
+def test_deterministic_picks_the_backward_target(rng, mk, dense):
+    """deterministic=True lowers the backward to xla_attn_flash_bwd_v1 (no workspace,
+    no atomics on the tensor-core family), the default to v2 (with its workspace); both
+    give the reference's gradients here, and a non-bool is refused by name."""
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "bfloat16", [6, 3], [6, 9], 4, 2, 32)
+    dout = mk.random_array(rng, q.shape, "bfloat16")
+    if dense:
+        q, k, v, dout = (x[None, :6] for x in (q, k[:6], v[:6], dout))
+        fn = lambda q_, k_, v_, **kw: xj.flash_attn(q_, k_, v_, causal=True, **kw)  # noqa: E731
+    else:
+        fn = lambda q_, k_, v_, **kw: xj.flash_attn_varlen(  # noqa: E731
+            q_, k_, v_, cu_q, cu_k, 6, 9, causal=True, **kw)
+    want = None
+    for deterministic, target in ((True, "xla_attn_flash_bwd_v1"), (False, "xla_attn_flash_bwd_v2")):
+        grads = jax.jit(lambda q_, k_, v_, do, d=deterministic: jax.vjp(
+            lambda a, b, c: fn(a, b, c, deterministic=d), q_, k_, v_)[1](do))
+        text = grads.lower(q, k, v, dout).as_text()
+        assert f"@{target}(" in text and text.count("@xla_attn_flash_bwd_v") == 1
+        got = [np.asarray(g, np.float64) for g in grads(q, k, v, dout)]
+        want = want or got
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)  # the Host runs one backward for both
+    with pytest.raises(TypeError, match="deterministic must be a bool, got int"):
+        fn(q, k, v, deterministic=1)
+
+
 def test_grad_of_one_argument(rng, mk):
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "bfloat16", [4, 2], [4, 6], 2, 2, 32)
     dout = mk.random_array(rng, q.shape, "bfloat16")

@@ -135,12 +135,13 @@ def check_flash_dense(rng, mk, device, dtype):
     assert torch.equal(only, out)
 
 
-def check_flash_grad(rng, mk, device, dtype, case):
+def check_flash_grad(rng, mk, device, dtype, case, deterministic=False):
     a, t, kw = flash_case(rng, mk, device, dtype, case)
     for name in ("q", "k", "v"):
         t[name].requires_grad_(True)
     dout = mk.random_array(rng, a["q"].shape, dtype)
-    out = xt.flash_attn_varlen(**t, max_seqlen_q=10, max_seqlen_k=10, **kw)
+    out = xt.flash_attn_varlen(**t, max_seqlen_q=10, max_seqlen_k=10,
+                               deterministic=deterministic, **kw)
     out.backward(tt(dout, device))
     grads_ref = ref.flash_attn_varlen_bwd_ref(dout, a["q"], a["k"], a["v"], a["cu_seqlens_q"],
                                               a["cu_seqlens_k"], None, **kw,
@@ -188,6 +189,11 @@ def test_flash_dense(rng, mk, dtype):
 @pytest.mark.parametrize("case", GRAD_CASES)
 def test_flash_grad(rng, mk, dtype, case):
     check_flash_grad(rng, mk, "cpu", dtype, case)
+
+
+def test_flash_grad_deterministic(rng, mk):
+    """deterministic=True reaches flash_bwd through autograd (its 18 inputs)."""
+    check_flash_grad(rng, mk, "cpu", "bfloat16", GRAD_CASES[0], deterministic=True)
 
 
 def test_flash_dense_grad(rng, mk):

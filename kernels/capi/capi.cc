@@ -85,9 +85,22 @@ size_t xla_attn_workspace_size(const char* op, const void* params) {
   const std::string name(op);
   if (name == "flash_fwd")
     return xla_attn::workspace_size(*static_cast<const xla_attn_flash_fwd_params*>(params));
+  if (name == "flash_bwd")
+    return xla_attn::workspace_size(*static_cast<const xla_attn_flash_bwd_params*>(params));
   if (name == "paged_attention")
     return xla_attn::workspace_size(*static_cast<const xla_attn_paged_attention_params*>(params));
   return 0;
+}
+
+size_t xla_attn_flash_bwd_workspace_size(int64_t total_q, int32_t batch, int32_t num_heads,
+                                         int32_t head_dim, int32_t dtype) {
+  xla_attn_flash_bwd_params p{};
+  p.total_q = total_q;
+  p.batch = batch;
+  p.num_heads = num_heads;
+  p.head_dim = head_dim;
+  p.dtype = static_cast<xla_attn_dtype>(dtype);
+  return total_q >= 0 && batch >= 0 ? xla_attn::workspace_size(p) : 0;
 }
 
 size_t xla_attn_flash_fwd_workspace_size(int64_t total_q, int32_t batch, int32_t num_heads,

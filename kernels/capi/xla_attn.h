@@ -44,6 +44,10 @@ XLA_ATTN_EXPORT size_t xla_attn_workspace_size(const char* op, const void* param
 XLA_ATTN_EXPORT size_t xla_attn_flash_fwd_workspace_size(int64_t total_q, int32_t batch,
                                                          int32_t num_heads, int32_t head_dim,
                                                          int32_t max_seqlen_q, int32_t max_seqlen_k);
+/* dtype: the xla_attn_dtype of q (float32 takes no workspace). */
+XLA_ATTN_EXPORT size_t xla_attn_flash_bwd_workspace_size(int64_t total_q, int32_t batch,
+                                                         int32_t num_heads, int32_t head_dim,
+                                                         int32_t dtype);
 XLA_ATTN_EXPORT size_t xla_attn_paged_attention_workspace_size(int64_t total_q,
                                                                int32_t max_num_seqs,
                                                                int32_t num_heads, int32_t head_dim,

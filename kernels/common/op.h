@@ -27,7 +27,7 @@ std::string launch_cuda(const xla_attn_reshape_and_cache_flash_params& p, cudaSt
 // Device scratch the CUDA path needs (ops without any return 0).
 size_t workspace_size(const xla_attn_flash_fwd_params& p);
 size_t workspace_size(const xla_attn_paged_attention_params& p);
-inline size_t workspace_size(const xla_attn_flash_bwd_params&) { return 0; }
+size_t workspace_size(const xla_attn_flash_bwd_params& p);
 inline size_t workspace_size(const xla_attn_reshape_and_cache_flash_params&) { return 0; }
 
 namespace host {

@@ -113,7 +113,8 @@ ffi::Error run_with_workspace(Params& p, int platform, cudaStream_t stream,
   std::string error = validate(p);
   if (!error.empty()) return to_error(error);
   if constexpr (!std::is_same_v<Params, xla_attn_reshape_and_cache_flash_params>) {
-    if (platform == XLA_ATTN_CUDA && workspace) {
+    // A 0-byte workspace is none (xla_attn_flash_bwd_v2 then runs v1's path).
+    if (platform == XLA_ATTN_CUDA && workspace && workspace->size_bytes() > 0) {
       p.workspace = workspace->untyped_data();
       p.workspace_bytes = static_cast<int64_t>(workspace->size_bytes());
     }

@@ -1,17 +1,19 @@
-// xla_attn_flash_bwd_v1 (docs/xla-targets.md).
+// xla_attn_flash_bwd_v1 and _v2 (docs/xla-targets.md): v2 has a workspace result, which
+// takes the sm80 family onto its atomic-dQ path; v1 runs the deterministic one.
 #include "ffi/common.h"
 
 namespace xla_attn::ffi_glue {
 namespace {
 
-ffi::Error FlashBwd(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi::AnyBuffer q,
-                    ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
-                    ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
+ffi::Error FlashBwd(const char* target, cudaStream_t stream, int platform, ffi::AnyBuffer dout,
+                    ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out,
+                    ffi::AnyBuffer lse, ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
                     ffi::AnyBuffer seqused_k, ffi::AnyBuffer alibi, ffi::Result<ffi::AnyBuffer> dq,
                     ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                    float softmax_scale, float softcap, int64_t window_left, int64_t window_right,
-                    int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  Checker c("xla_attn_flash_bwd_v1");
+                    ffi::AnyBuffer* workspace, float softmax_scale, float softcap,
+                    int64_t window_left, int64_t window_right, int64_t max_seqlen_q,
+                    int64_t max_seqlen_k) {
+  Checker c(target);
   c.expect(rank(q) == 3 && rank(k) == 3 && k.dimensions() == v.dimensions(),
            "q must be [total_q, num_heads, head_dim], k and v [total_k, num_heads_k, head_dim]")
       .expect(dout.dimensions() == q.dimensions() && out.dimensions() == q.dimensions(),
@@ -73,12 +75,40 @@ ffi::Error FlashBwd(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi:
   p.softmax_scale = softmax_scale;
   p.softcap = softcap;
   p.dtype = dtype;
-  return run_with_workspace(p, platform, stream, nullptr);
+  return run_with_workspace(p, platform, stream, workspace);
 }
 
+ffi::Error FlashBwdV1(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi::AnyBuffer q,
+                      ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                      ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
+                      ffi::AnyBuffer seqused_k, ffi::AnyBuffer alibi,
+                      ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                      ffi::Result<ffi::AnyBuffer> dv, float softmax_scale, float softcap,
+                      int64_t window_left, int64_t window_right, int64_t max_seqlen_q,
+                      int64_t max_seqlen_k) {
+  return FlashBwd("xla_attn_flash_bwd_v1", stream, platform, dout, q, k, v, out, lse,
+                  cu_seqlens_q, cu_seqlens_k, seqused_k, alibi, dq, dk, dv, nullptr,
+                  softmax_scale, softcap, window_left, window_right, max_seqlen_q, max_seqlen_k);
+}
+
+ffi::Error FlashBwdV2(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi::AnyBuffer q,
+                      ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                      ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
+                      ffi::AnyBuffer seqused_k, ffi::AnyBuffer alibi,
+                      ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                      ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> workspace,
+                      float softmax_scale, float softcap, int64_t window_left,
+                      int64_t window_right, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  return FlashBwd("xla_attn_flash_bwd_v2", stream, platform, dout, q, k, v, out, lse,
+                  cu_seqlens_q, cu_seqlens_k, seqused_k, alibi, dq, dk, dv, &*workspace,
+                  softmax_scale, softcap, window_left, window_right, max_seqlen_q, max_seqlen_k);
+}
+
+// Operands and the gradient results, shared by both versions (a Binding is not
+// movable: taken by reference, each step returns a new one).
 template <typename B>
-auto Signature(B binding) {
-  return with_flash_attributes(std::move(binding).template Arg<ffi::AnyBuffer>()  // dout
+auto Gradients(B&& binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // dout
       .template Arg<ffi::AnyBuffer>()            // q
       .template Arg<ffi::AnyBuffer>()            // k
       .template Arg<ffi::AnyBuffer>()            // v
@@ -90,11 +120,22 @@ auto Signature(B binding) {
       .template Arg<ffi::AnyBuffer>()            // alibi_slopes
       .template Ret<ffi::AnyBuffer>()            // dq
       .template Ret<ffi::AnyBuffer>()            // dk
-      .template Ret<ffi::AnyBuffer>());            // dv
+      .template Ret<ffi::AnyBuffer>();           // dv
+}
+
+template <typename B>
+auto SignatureV1(B binding) {
+  return with_flash_attributes(Gradients(std::move(binding)));
+}
+
+template <typename B>
+auto SignatureV2(B binding) {  // + workspace (u8, xla_attn_flash_bwd_workspace_size)
+  return with_flash_attributes(Gradients(std::move(binding)).template Ret<ffi::AnyBuffer>());
 }
 
 }  // namespace
 }  // namespace xla_attn::ffi_glue
 
 using namespace xla_attn::ffi_glue;  // NOLINT: the macro names unqualified symbols
-XLA_ATTN_DEFINE_HANDLERS(XlaAttnFlashBwdV1Host, XlaAttnFlashBwdV1Cuda, FlashBwd, Signature);
+XLA_ATTN_DEFINE_HANDLERS(XlaAttnFlashBwdV1Host, XlaAttnFlashBwdV1Cuda, FlashBwdV1, SignatureV1);
+XLA_ATTN_DEFINE_HANDLERS(XlaAttnFlashBwdV2Host, XlaAttnFlashBwdV2Cuda, FlashBwdV2, SignatureV2);

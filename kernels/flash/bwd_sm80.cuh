@@ -1,10 +1,12 @@
 // Flash attention backward, sm80 family (sm_80 .. sm_90; f16 and bf16, head dims <= 256):
-// the portable backward's split (flash/bwd_portable.cuh) on tensor cores (mma.sync
-// m16n8k16, f32 accumulators), P recomputed from the forward's softmax_lse:
+// FA2's backward on tensor cores (mma.sync m16n8k16, f32 accumulators), P recomputed
+// from the forward's softmax_lse. Two paths, by whether the call has a workspace
+// (sm80_tiles.h, bwd_workspace_bytes):
 //
-//   flash_bwd_delta_sm80  D_i = dO_i . O_i, as f32 [num_heads, total_q] at the start of
-//                         the dq buffer (scratch: dq is written last; hd >= 2 makes it
-//                         fit, and the op has no workspace result).
+//   flash_bwd_delta_sm80  D_i = dO_i . O_i as f32 [num_heads, total_q]: in the
+//                         workspace, whose dQ accumulator it also zeroes; without one
+//                         at the start of the dq buffer (scratch: dq is written last;
+//                         hd >= 2 makes it fit).
 //   flash_bwd_dkdv_sm80   one block per (64 keys, kv head): K and V stay in shared
 //                         memory while tiles of Q, dO, lse and D (64 rows; 16 at d256,
 //                         see sm80_tiles.h) of every query head of the GQA group stream
@@ -13,15 +15,16 @@
 //                         P^T = exp(S^T - lse), dS^T = P^T (dP^T - D) softcap'(S), and
 //                         dV += P^T dO, dK += dS^T Q with P^T, dS^T straight from the
 //                         accumulators as A fragments (see fwd_sm80.cuh). At d256 a
-//                         key block is two blocks, one accumulating dV, one dK.
-//   flash_bwd_dq_sm80     one block per (64 query rows, head): Q, dO stay, K/V tiles
-//                         (64 keys; 16 at d256) stream; S = Q K^T, dP = dO V^T, dS,
-//                         dQ += dS K. It computes its rows' D itself, so overwriting
-//                         the scratch is safe.
-//
-// Every gradient element has one owner (no atomics, deterministic); the price is S and
-// dP computed twice: 7 matrix products per tile pair where FA2's atomic dQ takes 5 (8
-// at d256, where the dV and dK blocks both compute S^T).
+//                         key block is two blocks, one accumulating dV, one dK. With a
+//                         workspace, dQ += dS K too, added into the f32 accumulator
+//                         (dq_tile_atomic): 5 matrix products per tile pair, as FA2.
+//   flash_bwd_dq_convert_sm80  with a workspace: dq = scale * the accumulator.
+//   flash_bwd_dq_sm80     without one: one block per (64 query rows, head): Q, dO stay,
+//                         K/V tiles (64 keys; 16 at d256) stream; S = Q K^T,
+//                         dP = dO V^T, dS, dQ += dS K. It computes its rows' D itself,
+//                         so overwriting the scratch is safe. Every gradient element
+//                         has one owner (deterministic, no atomics); the price is S and
+//                         dP computed twice: 7 matrix products per tile pair.
 #pragma once
 #include "flash/bwd_portable.cuh"
 #include "flash/fwd_sm80.cuh"
@@ -155,23 +158,171 @@ __device__ __forceinline__ void product_pb(float (&acc)[D / 8][4], const float (
   }
 }
 
+// Element offset of (key, 8-row chunk c) in the dS^T tile (kBwdBlock keys x kS rows):
+// swizzled as a D = 64 tile at kS = 64; at kS = 16 rows are 32 bytes apart, and an
+// ldmatrix phase (8 keys) meets a 2-way bank conflict.
+template <int kS>
+__device__ __forceinline__ int ds_offset(int key, int c) {
+  if constexpr (kS == 64) {
+    return swz<64>(key, c);
+  } else {
+    static_assert(kS == 16, "dS^T tile layout for 64- or 16-row tiles only");
+    return key * kS + 8 * c;
+  }
+}
+
+// dQ += dS K for one streamed tile on the atomic-dQ path. Each warp holds dS^T for its
+// 16 keys x kS rows (accumulator layout, `ds`); the tile passes through shared memory
+// (`sds`) so that a warp can take whole rows of dS over all 64 keys: at kS = 64 warp w
+// takes rows 16w .. 16w + 15 and every column of dQ, at kS = 16 the 16 rows and
+// columns D/4 w .. (one red.global.add per element and tile either way: 4x fewer than
+// adding each warp's 16-key partial). Columns go in 32-column chunks (16 accumulators:
+// the dk/dv kernel already holds 128 f32 of dK and dV), each added as whole 128-byte
+// lines into the accumulator's chunk layout (sm80_tiles.h, kAccChunk). `acc` points at
+// the tile's first chunk (16-row aligned) of the head, `col_chunks` chunks a row chunk;
+// lanes of rows >= rows_valid add nothing. The caller synchronises the block before
+// the call (sds is free) and before sds or sK is written again.
+template <typename T, int D, int kS>
+__device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kS / 8][4], T* sds, uint32_t sK_addr,
+                                               float* acc, int col_chunks, int rows_valid,
+                                               int hd, const LdsmLane<D>& lds_a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kS / 8; ++nt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      *reinterpret_cast<uint32_t*>(sds + ds_offset<kS>(warp * 16 + g + 8 * hf, nt) + 2 * t) =
+          pack2<T>(ds[nt][2 * hf], ds[nt][2 * hf + 1]);
+    }
+  }
+  __syncthreads();
+  constexpr int kRowGroups = kS / 16, kCols = D * kRowGroups / kWarps;
+  static_assert(kCols % kAccChunkCols == 0, "dQ columns a warp takes must be whole chunks");
+  const int rg = warp % kRowGroups, col0 = (warp / kRowGroups) * kCols;
+  // A fragments of dS rows 16 rg .. (k = keys) by ldmatrix.trans of the stored dS^T:
+  // lane l addresses key (l & 7) + 8 (l >> 4) of the k-step, row chunk 2 rg + bit 3.
+  const uint32_t sds_addr = smem_addr(sds);
+  uint32_t a[kBwdBlock / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kBwdBlock / 16; ++kk) {
+    const int key = kk * 16 + (lane & 7) + 8 * (lane >> 4), c = 2 * rg + ((lane >> 3) & 1);
+    ldsm_x4_trans(a[kk], sds_addr + 2u * uint32_t(ds_offset<kS>(key, c)));
+  }
+  const bool row_ok[2] = {g < rows_valid - rg * 16, g + 8 < rows_valid - rg * 16};
+#pragma unroll
+  for (int c0 = col0; c0 < col0 + kCols; c0 += kAccChunkCols) {
+    if (c0 >= hd) break;  // warp-uniform: chunks past the head dim do not exist
+    float q[4][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kBwdBlock / 16; ++kk) {
+#pragma unroll
+      for (int dd = 0; dd < 2; ++dd) {
+        uint32_t y[4];  // columns c0 + 16 dd + 0..7: {y0, y1}; + 8..15: {y2, y3}
+        ldsm_x4_trans(y, lds_a(sK_addr, kk * 16, c0 / 16 + dd));
+        mma_16816<T>(q[2 * dd], a[kk], y[0], y[1]);
+        mma_16816<T>(q[2 * dd + 1], a[kk], y[2], y[3]);
+      }
+    }
+    float* chunk = acc + (int64_t(rg) * col_chunks + c0 / kAccChunkCols) * kAccChunk + lane;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // i = 2 hf + e; columns past hd: the chunk's padding, never read
+        if (row_ok[i / 2]) atomicAdd(chunk + (4 * j + i) * 32, q[j][i]);
+      }
+    }
+  }
+}
+
 }  // namespace sm80
 
-// D_i = dO_i . O_i into the dq buffer's scratch: 4 warps x 4 rows per block, grid
-// (ceil(total_q / 16), num_heads).
+// The backward's delta = dO . O rows: in the workspace (atomic-dQ path) or in the dq
+// buffer's scratch (deterministic path, no workspace).
+__device__ __forceinline__ float* bwd_delta(const xla_attn_flash_bwd_params& p) {
+  return static_cast<float*>(p.workspace ? p.workspace : p.dq);
+}
+// The atomic-dQ path's f32 dQ accumulator (chunk layout, sm80_tiles.h), or null.
+__device__ __forceinline__ float* bwd_dq_accum(const xla_attn_flash_bwd_params& p) {
+  return p.workspace ? static_cast<float*>(p.workspace) +
+                           sm80::bwd_delta_floats(p.total_q, p.num_heads)
+                     : nullptr;
+}
+// Head h's accumulator chunks of sequence b from row chunk `row_chunk` (sequence-relative).
+__device__ __forceinline__ float* bwd_dq_accum_rows(const xla_attn_flash_bwd_params& p, int h,
+                                                    const Sequence& s, int b, int row_chunk) {
+  using namespace sm80;
+  const int64_t chunk = int64_t(h) * bwd_acc_row_chunks(p.total_q, p.batch) +
+                        bwd_acc_row_chunk(s.q_start, b) + row_chunk;
+  return bwd_dq_accum(p) + chunk * bwd_acc_col_chunks(p.head_dim) * kAccChunk;
+}
+
+// D_i = dO_i . O_i (bwd_delta): 4 warps x 4 rows per block, grid (ceil(total_q / 16),
+// num_heads). On the atomic-dQ path the blocks also zero the dQ accumulator, each an
+// equal contiguous share of it (16-byte stores).
 template <typename T>
 __device__ void flash_bwd_delta_sm80(const xla_attn_flash_bwd_params& p) {
   const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, hd = p.head_dim;
   const int64_t stride = int64_t(p.num_heads) * hd;
   const T* dout = static_cast<const T*>(p.dout) + int64_t(h) * hd;
   const T* out = static_cast<const T*>(p.out) + int64_t(h) * hd;
-  float* delta = static_cast<float*>(p.dq) + int64_t(h) * p.total_q;
+  float* delta = bwd_delta(p) + int64_t(h) * p.total_q;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int64_t row = int64_t(blockIdx.x) * 16 + warp * 4 + r;
     if (row >= p.total_q) break;  // warp-uniform
     const float d = row_delta(dout + row * stride, out + row * stride, hd);
     if (lane == 0) delta[row] = d;
+  }
+  if (float* acc = bwd_dq_accum(p)) {  // 16-byte aligned (bwd_delta_floats)
+    const int64_t n4 = sm80::bwd_acc_floats(p.total_q, p.batch, p.num_heads, hd) / 4;
+    const int64_t blocks = int64_t(gridDim.x) * gridDim.y;
+    const int64_t share = (n4 + blocks - 1) / blocks;
+    const int64_t first = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * share;
+    float4* acc4 = reinterpret_cast<float4*>(acc);
+    for (int64_t i = first + threadIdx.x; i < min(first + share, n4); i += blockDim.x) {
+      acc4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+}
+
+// dq = softmax_scale * the f32 accumulator, rounded to T (atomic-dQ path). Grid
+// (ceil(max_seqlen_q / 16), num_heads, batch + 1 padding block): a block's 4 warps
+// take the column chunks of its 16 rows, each lane the elements it added as an mma
+// accumulator (pairs of adjacent columns). The padding block zeroes dq's rows past the
+// last sequence, as the dq kernel's.
+template <typename T>
+__device__ void flash_bwd_dq_convert_sm80(const xla_attn_flash_bwd_params& p) {
+  using namespace sm80;
+  const int h = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
+  if (dq_padding_block<T>(p)) return;
+  const Sequence s = bwd_sequence(p, b);
+  const int m0 = blockIdx.x * kAccChunkRows;
+  if (m0 >= s.num_q) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int col_chunks = bwd_acc_col_chunks(hd);
+  const float* chunks = bwd_dq_accum_rows(p, h, s, b, blockIdx.x);
+  const int64_t stride = int64_t(p.num_heads) * hd;
+  T* dq = static_cast<T*>(p.dq) + (s.q_start + m0) * stride + int64_t(h) * hd;
+  const bool pairs = hd % 2 == 0 && aligned_to<T>(p.dq, 4);
+  const float f = p.softmax_scale;
+  for (int c = warp; c < col_chunks; c += kWarps) {
+    const float* src = chunks + c * kAccChunk + lane;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = g + 8 * hf, col = c * kAccChunkCols + 8 * j + 2 * t;
+        if (m0 + row >= s.num_q || col >= hd) continue;
+        const float x0 = src[(4 * j + 2 * hf) * 32] * f, x1 = src[(4 * j + 2 * hf + 1) * 32] * f;
+        T* dst = dq + row * stride + col;
+        if (pairs) {
+          *reinterpret_cast<uint32_t*>(dst) = pack2<T>(x0, x1);
+        } else {
+          dst[0] = from_float<T>(x0);
+          if (col + 1 < hd) dst[1] = from_float<T>(x1);
+        }
+      }
+    }
   }
 }
 
@@ -196,6 +347,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   T* sdO = sQ + kStages * kS * D;      // [kStages][kS x D]
   float* sLse = reinterpret_cast<float*>(sdO + kStages * kS * D);  // [kStages][kS], natural log
   float* sDelta = sLse + kStages * kS;                              // [kStages][kS]
+  T* sDs = reinterpret_cast<T*>(sDelta + kStages * kS);  // [kB x kS] unless in the dO stage
 
   const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
   const Sequence s = bwd_sequence(p, b);
@@ -205,7 +357,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   const int64_t q_stride = int64_t(p.num_heads) * hd, kv_stride = int64_t(p.num_heads_k) * hd;
   const T* k = static_cast<const T*>(p.k) + (s.k_start + n0) * kv_stride + int64_t(hk) * hd;
   const T* v = static_cast<const T*>(p.v) + (s.k_start + n0) * kv_stride + int64_t(hk) * hd;
-  const float* delta_g = static_cast<const float*>(p.dq);  // flash_bwd_delta_sm80's scratch
+  const float* delta_g = bwd_delta(p);  // flash_bwd_delta_sm80's
+  float* const dq_acc = kDK ? bwd_dq_accum(p) : nullptr;  // the atomic-dQ path
   const Window win{p.window_left, p.window_right};
   const bool vec = bwd_vec(hd, p.q, p.k, p.v, p.dout, p.dk, p.dv);
   const int keys_valid = s.num_k - n0;  // keys past seqused_k take no part
@@ -223,13 +376,21 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
 
   int i_lo = 0, i_hi = 0;
   if (keys_valid > 0) win.row_range(n0, min(n0 + kB, s.num_k) - 1, s.offset, s.num_q, &i_lo, &i_hi);
+  // The atomic path's tiles start on the accumulator's 16-row chunks; the rows added
+  // in front see none of the block's keys (the mask zeroes them).
+  if (dq_acc) i_lo -= i_lo % kAccChunkRows;
   const int per_head = (i_hi - i_lo + kS - 1) / kS;
   const int tiles = per_head * group;  // (query head of the group, row tile) pairs
 
   // Tile `it` (head hk * group + it / per_head, rows i0 ...) into `stage`: Q and dO
   // rows, their lse and D (zeros past i_hi: those rows then add nothing).
+  // On the atomic-dQ path the key blocks of a head start at different tiles (and wrap
+  // around), so that they do not all add into the same dQ lines at once.
+  const int first_tile = dq_acc && tiles > 0 ? key_block % tiles : 0;
+  auto tile_at = [&](int it) { return it + first_tile < tiles ? it + first_tile : it + first_tile - tiles; };
   auto issue = [&](int it, int stage) {
-    const int h = hk * group + it / per_head, i0 = i_lo + (it % per_head) * kS;
+    const int tile = tile_at(it);
+    const int h = hk * group + tile / per_head, i0 = i_lo + (tile % per_head) * kS;
     const int64_t first = s.q_start + i0;
     const T* q = static_cast<const T*>(p.q) + first * q_stride + int64_t(h) * hd;
     const T* dout = static_cast<const T*>(p.dout) + first * q_stride + int64_t(h) * hd;
@@ -261,8 +422,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   BwdScore sc_mod{};
   if (tiles > 0) issue(0, 0);
   for (int it = 0; it < tiles; ++it) {
-    const int stage = it % kStages, h = hk * group + it / per_head;
-    const int i0 = i_lo + (it % per_head) * kS;
+    const int stage = it % kStages, tile = tile_at(it), h = hk * group + tile / per_head;
+    const int i0 = i_lo + (tile % per_head) * kS;
     cp_async_wait<0>();  // K, V and tile `it`
     __syncthreads();     // ... for every thread; tile it - 1 fully consumed
     if (it + 1 < tiles) issue(it + 1, (it + 1) % kStages);
@@ -337,9 +498,17 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
       probs(false);
       products();
     }
+    if (kDK && dq_acc) {  // dQ += dS K (block-uniform)
+      __syncthreads();  // every warp is done with the tile's dO stage (dP^T, dV)
+      T* sds = bwd_ds_in_dout(D) ? sdO + stage * kS * D : sDs;
+      dq_tile_atomic<T, D, kS>(dpt, sds, sK_addr,
+                               bwd_dq_accum_rows(p, h, s, b, i0 / kAccChunkRows),
+                               bwd_acc_col_chunks(hd), i_hi - i0, hd, lds_a);
+    }
   }
   cp_async_wait<0>();  // K and V when there was no tile
-  __syncthreads();     // other threads' copies into this warp's rows of sK / sV too
+  __syncthreads();     // other threads' copies into this warp's rows of sK / sV too, and
+                       // the other warps' dQ reads of sK done
 
   // Keys [num_k, num_k_rows) own gradient rows too: they saw nothing, so theirs are 0.
   const int rows = min(16, s.num_k_rows - n0 - warp * 16);

@@ -119,8 +119,16 @@ std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t st
   return dispatch::launch(c, combine_grid, 0, stream, &p);
 }
 
-// The sm80 backward (flash/bwd_sm80.cuh): D = dO . O into the dq buffer, then dk/dv
-// (which read D), then dq (which overwrites it). Every kernel of `family` sm80.
+size_t workspace_size(const xla_attn_flash_bwd_params& p) {
+  // f32 runs on the portable family alone, which takes no workspace.
+  if (p.dtype == XLA_ATTN_F32 || p.num_heads <= 0 || p.head_dim <= 0) return 0;
+  return size_t(sm80::bwd_workspace_bytes(p.total_q, p.batch, p.num_heads, p.head_dim));
+}
+
+// The sm80 backward (flash/bwd_sm80.cuh): D = dO . O (into the workspace, or the dq
+// buffer without one), then dk/dv (which read D; with a workspace they add dQ into its
+// f32 accumulator too), then dq: converted from the accumulator, or computed by the
+// dq kernel (which overwrites D). Every kernel of `family` sm80.
 std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::VariantEntry& dkdv,
                             unsigned features, int arch, cudaStream_t stream) {
   if (dkdv.head_dim_max != sm80::head_bucket(p.head_dim)) {
@@ -128,12 +136,22 @@ std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::
            std::to_string(p.head_dim) + "); kernels/dispatch/variants.py and "
            "kernels/flash/sm80_tiles.h disagree";
   }
-  if (reinterpret_cast<uintptr_t>(p.dq) % alignof(float) != 0) {
-    return "flash_bwd: dq must be 4-byte aligned (the sm80 backward keeps dO . O in it)";
+  const bool atomic_dq = p.workspace != nullptr;
+  if (atomic_dq) {
+    if (size_t(p.workspace_bytes) < workspace_size(p) ||
+        reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) {
+      return "flash_bwd: the workspace must be 16-byte aligned and hold "
+             "xla_attn_workspace_size() bytes";
+    }
+  } else if (reinterpret_cast<uintptr_t>(p.dq) % alignof(float) != 0) {
+    return "flash_bwd: dq must be 4-byte aligned (without a workspace the sm80 backward keeps "
+           "dO . O in it)";
   }
   std::string error;
   const dispatch::VariantEntry* dq = dispatch::select(
-      {"flash_bwd_dq", p.dtype, p.dtype, p.head_dim, features, arch}, &error);
+      {atomic_dq ? "flash_bwd_dq_convert" : "flash_bwd_dq", p.dtype, p.dtype, p.head_dim,
+       features, arch},
+      &error);
   const dispatch::VariantEntry* delta = dispatch::select(
       {"flash_bwd_delta", p.dtype, p.dtype, p.head_dim, features, arch}, &error);
   if (!dq || !delta) return error;
@@ -151,7 +169,10 @@ std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::
   const dim3 dkdv_grid(unsigned((std::max(p.max_seqlen_k, 1) + kB - 1) / kB) * grads_split,
                        p.num_heads_k, p.batch + 1);
   if (!(error = dispatch::launch(dkdv, dkdv_grid, smem, stream, &p)).empty()) return error;
-  const dim3 dq_grid((std::max(p.max_seqlen_q, 1) + kB - 1) / kB, p.num_heads, p.batch + 1);
+  // dq from the accumulator: a block per 16 rows (sm80::kAccChunkRows); else the dq kernel.
+  const int rows = atomic_dq ? sm80::kAccChunkRows : kB;
+  const dim3 dq_grid((std::max(p.max_seqlen_q, 1) + rows - 1) / rows, p.num_heads, p.batch + 1);
+  if (atomic_dq) return dispatch::launch(*dq, dq_grid, 0, stream, &p);
   return dispatch::launch(*dq, dq_grid, smem, stream, &p);
 }
 

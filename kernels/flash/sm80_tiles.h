@@ -67,9 +67,53 @@ static_assert(smem_bytes(32) <= kMaxSmemOptin && smem_bytes(64) <= kMaxSmemOptin
 constexpr int kBwdBlock = 64;
 XLA_ATTN_HOST_DEVICE constexpr int bwd_stream_block(int d) { return d <= 128 ? 64 : 16; }
 XLA_ATTN_HOST_DEVICE constexpr bool bwd_split_grads(int d) { return d > 128; }
+// The atomic-dQ path (bwd_atomic_dq) passes each streamed tile's dS^T (64 keys x
+// bwd_stream_block rows, 16-bit) between warps through shared memory: in the tile's
+// dO stage, consumed by then, where that holds it (d >= 64), else in a buffer of its
+// own after the lse and delta floats.
+XLA_ATTN_HOST_DEVICE constexpr bool bwd_ds_in_dout(int d) { return d >= kBwdBlock; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
   return 2 * d * (2 * kBwdBlock + 2 * kStages * bwd_stream_block(d)) +
-         2 * kStages * bwd_stream_block(d) * 4;
+         2 * kStages * bwd_stream_block(d) * 4 +
+         (bwd_ds_in_dout(d) ? 0 : 2 * kBwdBlock * bwd_stream_block(d));
+}
+
+// The backward's workspace (xla_attn_flash_bwd_v2; without one, the deterministic
+// path): delta = dO . O as f32 [num_heads, total_q], padded to 128 bytes, then the f32
+// dQ accumulator the dk/dv kernel adds dS K into (red.global.add), which
+// flash_bwd_dq_convert_sm80 scales and rounds into dq. A function of shapes alone:
+// frontends size it at trace time.
+//
+// The accumulator is laid out in the order the mma accumulators sit in the lanes, so
+// that one warp-wide red covers 128 contiguous bytes: a chunk is 16 rows x 32 columns
+// of one head (a warp's m16 x 4 n8 tiles), 512 floats, element (j, hf, e) of lane l at
+// (4 j + 2 hf + e) * 32 + l (row 8 hf + l / 4, column 8 j + 2 (l % 4) + e). In the
+// row-major layout a red touched 8 rows' sectors, each for 4 floats: ncu (d128, B=4,
+// S=4096, H=16) showed that dk/dv kernel L2-bound (83 % throughput, 10.1 ms).
+// Chunks go [head][row chunk][column chunk]; sequence b's rows start at row chunk
+// ceil(cu_q[b] / 16) + b, so its chunks never reach the next sequence's whatever the
+// offsets (bwd_acc_row_chunk); ceil(total_q / 16) + batch row chunks bound them all.
+constexpr int kAccChunkRows = 16, kAccChunkCols = 32, kAccChunk = kAccChunkRows * kAccChunkCols;
+XLA_ATTN_HOST_DEVICE constexpr int64_t bwd_delta_floats(int64_t total_q, int num_heads) {
+  return (total_q * num_heads + 31) / 32 * 32;
+}
+XLA_ATTN_HOST_DEVICE constexpr int64_t bwd_acc_row_chunks(int64_t total_q, int batch) {
+  return (total_q + kAccChunkRows - 1) / kAccChunkRows + batch;
+}
+XLA_ATTN_HOST_DEVICE constexpr int bwd_acc_col_chunks(int head_dim) {
+  return (head_dim + kAccChunkCols - 1) / kAccChunkCols;
+}
+XLA_ATTN_HOST_DEVICE constexpr int64_t bwd_acc_row_chunk(int64_t q_start, int b) {
+  return (q_start + kAccChunkRows - 1) / kAccChunkRows + b;
+}
+XLA_ATTN_HOST_DEVICE constexpr int64_t bwd_acc_floats(int64_t total_q, int batch, int num_heads,
+                                                      int head_dim) {
+  return num_heads * bwd_acc_row_chunks(total_q, batch) * bwd_acc_col_chunks(head_dim) * kAccChunk;
+}
+XLA_ATTN_HOST_DEVICE constexpr int64_t bwd_workspace_bytes(int64_t total_q, int batch,
+                                                           int num_heads, int head_dim) {
+  return 4 * (bwd_delta_floats(total_q, num_heads) +
+              bwd_acc_floats(total_q, batch, num_heads, head_dim));
 }
 static_assert(bwd_smem_bytes(128) <= kMaxSmemOptin && bwd_smem_bytes(256) <= kMaxSmemOptin,
               "the sm80 backward's tiles exceed the 99 KB sm_86/89 allow a block");

@@ -15,6 +15,7 @@ LIBRARY = pathlib.Path(__file__).parent / "lib" / "libxla_attn.so"
 HANDLERS = {
     "xla_attn_flash_fwd_v1": ("XlaAttnFlashFwdV1Host", "XlaAttnFlashFwdV1Cuda"),
     "xla_attn_flash_bwd_v1": ("XlaAttnFlashBwdV1Host", "XlaAttnFlashBwdV1Cuda"),
+    "xla_attn_flash_bwd_v2": ("XlaAttnFlashBwdV2Host", "XlaAttnFlashBwdV2Cuda"),
     "xla_attn_paged_attention_v1": ("XlaAttnPagedAttentionV1Host", "XlaAttnPagedAttentionV1Cuda"),
     "xla_attn_paged_attention_v2": ("XlaAttnPagedAttentionV2Host", "XlaAttnPagedAttentionV2Cuda"),
     "xla_attn_reshape_and_cache_flash_v1": (
@@ -43,6 +44,8 @@ def lib() -> ctypes.CDLL:
     i32, i64 = ctypes.c_int32, ctypes.c_int64
     handle.xla_attn_flash_fwd_workspace_size.argtypes = [i64, i32, i32, i32, i32, i32]
     handle.xla_attn_flash_fwd_workspace_size.restype = ctypes.c_size_t
+    handle.xla_attn_flash_bwd_workspace_size.argtypes = [i64, i32, i32, i32, i32]
+    handle.xla_attn_flash_bwd_workspace_size.restype = ctypes.c_size_t
     handle.xla_attn_paged_attention_workspace_size.argtypes = [i64, i32, i32, i32, i32, i32, i32]
     handle.xla_attn_paged_attention_workspace_size.restype = ctypes.c_size_t
     abi = handle.xla_attn_abi_version()
@@ -74,6 +77,14 @@ def flash_fwd_workspace_size(total_q: int, batch: int, num_heads: int, head_dim:
     return lib().xla_attn_flash_fwd_workspace_size(total_q, batch, num_heads, head_dim,
                                                    min(max_seqlen_q, 2**31 - 1),
                                                    min(max_seqlen_k, 2**31 - 1))
+
+
+def flash_bwd_workspace_size(total_q: int, batch: int, num_heads: int, head_dim: int,
+                             dtype: str) -> int:
+    """Bytes of the `workspace` result of xla_attn_flash_bwd_v2 (delta = dO . O and the
+    f32 dQ accumulator of the tensor-core backward; 0 for float32)."""
+    return lib().xla_attn_flash_bwd_workspace_size(total_q, batch, num_heads, head_dim,
+                                                   DTYPE_CODES[dtype])
 
 
 def paged_attention_workspace_size(total_q: int, max_num_seqs: int, num_heads: int,

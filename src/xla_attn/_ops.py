@@ -105,6 +105,9 @@ class FlashSpec:
     max_seqlen_k: int
     out_dtype: str
     paged: bool
+    # The backward without atomics (xla_attn_flash_bwd_v1 on the tensor-core family);
+    # not an attribute of the call: it picks the target.
+    deterministic: bool = False
 
     def attributes(self) -> dict:
         return {"softmax_scale": self.softmax_scale, "softcap": self.softcap,
@@ -115,7 +118,7 @@ class FlashSpec:
 def flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, causal, window_size, softcap, alibi_slopes, seqused_k,
                       block_table, q_descale, k_descale, v_descale,
-                      op: str = "flash_attn_varlen") -> FlashSpec:
+                      op: str = "flash_attn_varlen", deterministic: bool = False) -> FlashSpec:
     c = _Check(op)
     total_q, num_heads, head_dim = c.rank("q", q, 3, "(total_q, num_heads, head_dim)")
     paged = block_table is not None
@@ -166,10 +169,12 @@ def flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else _float(c, "softmax_scale",
                                                                           softmax_scale)
     left, right = _window(c, window_size, causal)
+    c.type(isinstance(deterministic, bool),
+           f"deterministic must be a bool, got {type(deterministic).__name__}")
     return FlashSpec(softmax_scale=scale, softcap=_float(c, "softcap", softcap, 0.0),
                      window_left=left, window_right=right, max_seqlen_q=max_seqlen_q,
                      max_seqlen_k=max_seqlen_k, out_dtype="bfloat16" if fp8 else q_dtype,
-                     paged=paged)
+                     paged=paged, deterministic=deterministic)
 
 
 def flash_dense_check(q, k, v) -> tuple[int, int, int]:

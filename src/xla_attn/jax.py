@@ -417,9 +417,16 @@ def _flash_fwd_impl(spec: _ops.FlashSpec, q, k, v, cu_q, cu_k, seqused_k=None,
 def _flash_bwd_impl(spec: _ops.FlashSpec, dout, q, k, v, out, lse, cu_q, cu_k, seqused_k=None,
                     alibi=None):
     results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
-    return tuple(_call("xla_attn_flash_bwd_v1", results, dout.astype(q.dtype), q, k, v, out, lse,
-                       cu_q, cu_k, _or_absent(seqused_k, jnp.int32),
-                       _or_absent(alibi, jnp.float32), **spec.attributes()))
+    operands = (dout.astype(q.dtype), q, k, v, out, lse, cu_q, cu_k,
+                _or_absent(seqused_k, jnp.int32), _or_absent(alibi, jnp.float32))
+    if spec.deterministic:  # v1: no workspace, no atomics
+        return tuple(_call("xla_attn_flash_bwd_v1", results, *operands, **spec.attributes()))
+    total_q, num_heads, head_dim = q.shape
+    workspace = _native.flash_bwd_workspace_size(total_q, cu_q.shape[0] - 1, num_heads, head_dim,
+                                                 q.dtype.name)
+    dq, dk, dv, _ = _call("xla_attn_flash_bwd_v2", results + (
+        jax.ShapeDtypeStruct((workspace,), jnp.uint8),), *operands, **spec.attributes())
+    return dq, dk, dv
 
 
 def _dense_cu(b: int, s: int):
@@ -490,12 +497,15 @@ _flash_diff.defvjp(_flash_diff_fwd, _flash_diff_bwd)
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
                       softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                       alibi_slopes=None, seqused_k=None, block_table=None,
-                      return_softmax_lse=False, q_descale=None, k_descale=None, v_descale=None):
+                      return_softmax_lse=False, q_descale=None, k_descale=None, v_descale=None,
+                      deterministic=False):
     """Flash attention over packed variable-length sequences (flash-attn's
     `flash_attn_varlen_func`). q `(total_q, H, D)`; k, v `(total_k, Hk, D)` or, with
     `block_table`, a paged cache `(num_blocks, block_size, Hk, D)`. Returns out like q
     (bf16 for fp8 q) and, if asked, softmax_lse `(H, total_q)` float32.
-    Differentiable in q, k, v when not paged and not fp8.
+    Differentiable in q, k, v when not paged and not fp8. The backward adds dq up with
+    float atomics (its last bits may vary from run to run, as flash-attn's);
+    `deterministic=True` takes the slower backward without them (bit-identical runs).
 
     Sharded under `jax.jit`: runs per shard when the heads of q are split over mesh
     axes (k, v split alike, or replicated when num_heads_k divides the shard count);
@@ -504,7 +514,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     seqused_k or the descales are mapped, or the cache is paged: then one call per element."""
     spec = _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes,
-                                  seqused_k, block_table, q_descale, k_descale, v_descale)
+                                  seqused_k, block_table, q_descale, k_descale, v_descale,
+                                  deterministic=deterministic)
     q, k, v, cu_q, cu_k = map(jnp.asarray, (q, k, v, cu_seqlens_q, cu_seqlens_k))
     if spec.paged or spec.out_dtype != q.dtype:
         operands = (q, k, v, cu_q, cu_k) + tuple(map(_maybe, (
@@ -517,9 +528,10 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
 
 
 def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-               alibi_slopes=None, return_softmax_lse=False):
+               alibi_slopes=None, return_softmax_lse=False, deterministic=False):
     """Dense-layout flash attention: q `(B, Sq, H, D)`, k and v `(B, Sk, Hk, D)` (the
     layout of `jax.nn.dot_product_attention`). softmax_lse is `(B, H, Sq)`.
+    `deterministic` as in `flash_attn_varlen`.
 
     Sharded under `jax.jit`: runs per shard when the batch and/or the heads are split
     (kv heads as in `flash_attn_varlen`); Sq, Sk and D must not be split.
@@ -530,7 +542,8 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
     cu = jax.ShapeDtypeStruct((b + 1,), jnp.int32)
     spec = _ops.flash_varlen_spec(flat(q, sq), flat(k, sk), flat(v, sk), cu, cu, sq, sk,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes,
-                                  None, None, None, None, None, op="flash_attn")
+                                  None, None, None, None, None, op="flash_attn",
+                                  deterministic=deterministic)
     alibi = _maybe(alibi_slopes)
     if spec.out_dtype != q.dtype:  # fp8: forward only
         out, lse = _apply(_fwd_op(spec, True, (q, k, v, alibi)), q, k, v, alibi)

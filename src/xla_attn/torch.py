@@ -42,14 +42,15 @@ def _same_device(op: str, device: torch.device, **tensors) -> None:
                              f"got {x.device}")
 
 
-def _launch(run, params, device: torch.device) -> None:
+def _launch(run, params, device: torch.device, workspace: bool = True) -> None:
     """Runs `params` on the Host, or on `device`'s current torch stream with the
-    workspace the library asks for (freed stream-ordered by torch's allocator)."""
+    workspace the library asks for (freed stream-ordered by torch's allocator; none
+    when `workspace` is False)."""
     if device.type == "cpu":
         run(params, _capi.HOST)
         return
     with torch.cuda.device(device):
-        size = _capi.workspace_size(params)
+        size = _capi.workspace_size(params) if workspace else 0
         workspace = None
         if size:
             workspace = torch.empty(size, dtype=torch.uint8, device=device)
@@ -82,7 +83,8 @@ def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                alibi_slopes: Optional[Tensor], q_descale: Optional[Tensor],
                k_descale: Optional[Tensor], v_descale: Optional[Tensor], softmax_scale: float,
                softcap: float, window_left: int, window_right: int, max_seqlen_q: int,
-               max_seqlen_k: int) -> tuple[Tensor, Tensor]:
+               max_seqlen_k: int, deterministic: bool = False) -> tuple[Tensor, Tensor]:
+    # deterministic: for the backward (flash_bwd's), carried here for autograd
     op = "xla_attn::flash_fwd"
     _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, False, (window_left, window_right), softcap,
@@ -121,7 +123,7 @@ def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 @_flash_fwd.register_fake
 def _flash_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                     q_descale, k_descale, v_descale, softmax_scale, softcap, window_left,
-                    window_right, max_seqlen_q, max_seqlen_k):
+                    window_right, max_seqlen_q, max_seqlen_k, deterministic=False):
     return (q.new_empty(q.shape, dtype=_flash_out_dtype(q)),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
@@ -131,7 +133,7 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor],
                alibi_slopes: Optional[Tensor], softmax_scale: float, softcap: float,
                window_left: int, window_right: int, max_seqlen_q: int,
-               max_seqlen_k: int) -> tuple[Tensor, Tensor, Tensor]:
+               max_seqlen_k: int, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     op = "xla_attn::flash_bwd"
     _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, False, (window_left, window_right), softcap,
@@ -167,14 +169,15 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
         else 0,
         window_left=window_left, window_right=window_right, softmax_scale=softmax_scale,
         softcap=softcap, dtype=_code(q))
-    _launch(_capi.flash_bwd, p, q.device)
+    # the workspace takes the tensor-core family onto its atomic-dQ path
+    _launch(_capi.flash_bwd, p, q.device, workspace=not deterministic)
     return dq, dk, dv
 
 
 @_flash_bwd.register_fake
 def _flash_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                     alibi_slopes, softmax_scale, softcap, window_left, window_right, max_seqlen_q,
-                    max_seqlen_k):
+                    max_seqlen_k, deterministic=False):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -194,7 +197,7 @@ def _flash_backward(ctx, dout, _dlse):
     q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi = ctx.saved_tensors
     dq, dk, dv = torch.ops.xla_attn.flash_bwd(dout.to(q.dtype), q, k, v, out, lse, cu_q, cu_k,
                                               seqused_k, alibi, *ctx.attributes)
-    return (dq, dk, dv) + (None,) * 14
+    return (dq, dk, dv) + (None,) * 15
 
 
 _flash_fwd.register_autograd(_flash_backward, setup_context=_flash_setup_context)
@@ -281,27 +284,33 @@ def _reshape_and_cache_flash_fake(key, value, key_cache, value_cache, slot_mappi
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
                       softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                       alibi_slopes=None, seqused_k=None, block_table=None,
-                      return_softmax_lse=False, q_descale=None, k_descale=None, v_descale=None):
+                      return_softmax_lse=False, q_descale=None, k_descale=None, v_descale=None,
+                      deterministic=False):
     """Flash attention over packed variable-length sequences (flash-attn's
     `flash_attn_varlen_func`). q `(total_q, H, D)`; k, v `(total_k, Hk, D)` or, with
     `block_table`, a paged cache `(num_blocks, block_size, Hk, D)`. Returns out like q
     (bf16 for fp8 q) and, if asked, softmax_lse `(H, total_q)` float32.
-    Differentiable in q, k, v when not paged and not fp8."""
+    Differentiable in q, k, v when not paged and not fp8. On CUDA the backward adds dq
+    up with float atomics (its last bits may vary from run to run, as flash-attn's);
+    `deterministic=True` takes the slower backward without them. On XLA devices the
+    backward is always the deterministic one."""
     spec = _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes,
-                                  seqused_k, block_table, q_descale, k_descale, v_descale)
+                                  seqused_k, block_table, q_descale, k_descale, v_descale,
+                                  deterministic=deterministic)
     out, lse = torch.ops.xla_attn.flash_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale,
         k_descale, v_descale, spec.softmax_scale, spec.softcap, spec.window_left,
-        spec.window_right, spec.max_seqlen_q, spec.max_seqlen_k)
+        spec.window_right, spec.max_seqlen_q, spec.max_seqlen_k, spec.deterministic)
     return (out, lse) if return_softmax_lse else out
 
 
 def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                alibi_slopes=None, return_softmax_lse=False, q_segment_ids=None,
-               kv_segment_ids=None, max_segments=None):
+               kv_segment_ids=None, max_segments=None, deterministic=False):
     """Dense-layout flash attention: q `(B, Sq, H, D)`, k and v `(B, Sk, Hk, D)` (the
-    layout of `flash_attn_func`). softmax_lse is `(B, H, Sq)`.
+    layout of `flash_attn_func`). softmax_lse is `(B, H, Sq)`. `deterministic` as in
+    `flash_attn_varlen`.
 
     `q_segment_ids (B, Sq)` / `kv_segment_ids (B, Sk)` (int32/int64) pack several
     documents in a row: a query sees only keys of its own segment. Each segment must
@@ -328,7 +337,7 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
         q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
         v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale,
         causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-        return_softmax_lse=True)
+        return_softmax_lse=True, deterministic=deterministic)
     out = _torch_segments.poison(out, bad).reshape(*q.shape[:3], out.shape[-1])
     if not return_softmax_lse:
         return out

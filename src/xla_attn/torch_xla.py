@@ -50,7 +50,7 @@ def _alibi_stride(alibi: Optional[Tensor], batch: int, num_heads: int) -> int:
 @torch.library.register_kernel("xla_attn::flash_fwd", "xla")
 def _flash_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                q_descale, k_descale, v_descale, softmax_scale, softcap, window_left,
-               window_right, max_seqlen_q, max_seqlen_k):
+               window_right, max_seqlen_q, max_seqlen_k, deterministic=False):
     spec = _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, softmax_scale, False, (window_left, window_right),
                                   softcap, alibi_slopes, seqused_k, block_table, q_descale,
@@ -86,7 +86,9 @@ def _flash_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alib
 @torch.library.register_kernel("xla_attn::flash_bwd", "xla")
 def _flash_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                alibi_slopes, softmax_scale, softcap, window_left, window_right, max_seqlen_q,
-               max_seqlen_k):
+               max_seqlen_k, deterministic=False):
+    # Always xla_attn_flash_bwd_v1, the backward without atomics, whatever `deterministic`
+    # says: v2's workspace result has no legacy (pre-FFI) descriptor.
     spec = _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, softmax_scale, False, (window_left, window_right),
                                   softcap, alibi_slopes, seqused_k, None, None, None, None,

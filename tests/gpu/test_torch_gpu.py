@@ -53,10 +53,12 @@ def test_flash_dense(rng, mk, dtype):
     on_cuda(cases.check_flash_dense, rng, mk, DEVICE, dtype)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", cases.GRAD_CASES)
-def test_flash_grad(rng, mk, dtype, case):
-    on_cuda(cases.check_flash_grad, rng, mk, DEVICE, dtype, case)
+def test_flash_grad(rng, mk, dtype, case, deterministic):
+    """The eager backward with its workspace (bf16: the atomic-dQ path) and without."""
+    on_cuda(cases.check_flash_grad, rng, mk, DEVICE, dtype, case, deterministic)
 
 
 def test_flash_dense_grad(rng, mk):
