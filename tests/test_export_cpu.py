@@ -36,7 +36,10 @@ def _program(q, k, cu_q, cu_k, cache):
                   jnp.array([[0, 1, 2], [3, 2, 1]], jnp.int32), jnp.array([0, 1, 2], jnp.int32))
     paged = xla_attn.paged_attention(*paged_args, 0.2, alibi_slopes=jnp.full((4,), 0.3),
                                      max_query_len=1)
-    return out, grad, kc, paged, _paged_v1(*paged_args)
+    # deterministic=True: the backward's v1 target (the default is v2)
+    grad_v1 = jax.grad(lambda q: xla_attn.flash_attn_varlen(q, k, k, cu_q, cu_k, 7, 8,
+                                                            deterministic=True).sum())(q)
+    return out, grad, kc, paged, _paged_v1(*paged_args), grad_v1
 
 
 def _paged_v1(*args):
