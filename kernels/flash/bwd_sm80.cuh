@@ -182,6 +182,18 @@ __device__ __forceinline__ int ds_offset(int key, int c) {
 // the tile's first chunk (16-row aligned) of the head, `col_chunks` chunks a row chunk;
 // lanes of rows >= rows_valid add nothing. The caller synchronises the block before
 // the call (sds is free) and before sds or sK is written again.
+// Where element (n8 tile j, i = 2 hf + e) of lane `lane` sits in an accumulator chunk
+// (sm80_tiles.h): so that one warp-wide add covers whole lines. sm_90 adds a lane's 4
+// floats of a tile at once (red.global.add.v4.f32: 512 bytes a warp), older archs one
+// float a lane (128 bytes). The adder and the conversion of one cubin agree.
+__device__ __forceinline__ int acc_offset(int j, int i, int lane) {
+#if __CUDA_ARCH__ >= 900
+  return j * 128 + lane * 4 + i;
+#else
+  return (4 * j + i) * 32 + lane;
+#endif
+}
+
 template <typename T, int D, int kS>
 __device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kS / 8][4], T* sds, uint32_t sK_addr,
                                                float* acc, int col_chunks, int rows_valid,
@@ -223,13 +235,26 @@ __device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kS / 8][4], T* 
         mma_16816<T>(q[2 * dd + 1], a[kk], y[2], y[3]);
       }
     }
-    float* chunk = acc + (int64_t(rg) * col_chunks + c0 / kAccChunkCols) * kAccChunk + lane;
+    // columns past hd land in the chunk's padding, never read
+    float* chunk = acc + (int64_t(rg) * col_chunks + c0 / kAccChunkCols) * kAccChunk;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // i = 2 hf + e; columns past hd: the chunk's padding, never read
-        if (row_ok[i / 2]) atomicAdd(chunk + (4 * j + i) * 32, q[j][i]);
+#if __CUDA_ARCH__ >= 900
+      // rows_valid cuts whole 8-row halves of a lane's 4 floats: zeros add nothing
+      const float x0 = row_ok[0] ? q[j][0] : 0.f, x1 = row_ok[0] ? q[j][1] : 0.f;
+      const float x2 = row_ok[1] ? q[j][2] : 0.f, x3 = row_ok[1] ? q[j][3] : 0.f;
+      if (row_ok[0] || row_ok[1]) {
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(
+                         chunk + acc_offset(j, 0, lane)),
+                     "f"(x0), "f"(x1), "f"(x2), "f"(x3)
+                     : "memory");
       }
+#else
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // i = 2 hf + e
+        if (row_ok[i / 2]) atomicAdd(chunk + acc_offset(j, i, lane), q[j][i]);
+      }
+#endif
     }
   }
 }
@@ -306,14 +331,21 @@ __device__ void flash_bwd_dq_convert_sm80(const xla_attn_flash_bwd_params& p) {
   const bool pairs = hd % 2 == 0 && aligned_to<T>(p.dq, 4);
   const float f = p.softmax_scale;
   for (int c = warp; c < col_chunks; c += kWarps) {
-    const float* src = chunks + c * kAccChunk + lane;
+    const float* src = chunks + c * kAccChunk;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
+      float x[4];  // the lane's 4 floats of n8 tile j: one 16-byte load where adjacent
+#if __CUDA_ARCH__ >= 900
+      *reinterpret_cast<float4*>(x) = *reinterpret_cast<const float4*>(src + acc_offset(j, 0, lane));
+#else
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[i] = src[acc_offset(j, i, lane)];
+#endif
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int row = g + 8 * hf, col = c * kAccChunkCols + 8 * j + 2 * t;
         if (m0 + row >= s.num_q || col >= hd) continue;
-        const float x0 = src[(4 * j + 2 * hf) * 32] * f, x1 = src[(4 * j + 2 * hf + 1) * 32] * f;
+        const float x0 = x[2 * hf] * f, x1 = x[2 * hf + 1] * f;
         T* dst = dq + row * stride + col;
         if (pairs) {
           *reinterpret_cast<uint32_t*>(dst) = pack2<T>(x0, x1);

@@ -14,7 +14,6 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from xla_attn.testing import reference as ref  # noqa: E402
-from xla_attn import _ops  # noqa: E402
 from xla_attn import jax as xj  # noqa: E402
 
 pytestmark = pytest.mark.gpu
