@@ -47,8 +47,12 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
 }
 // The same with the destination as a shared-window address (smem_addr), so that a
 // loop over a tile adds constant offsets to one 32-bit address instead of converting a
-// generic pointer per copy; `valid` false writes 16 zero bytes and reads nothing (the
-// copy's source size 0), with no branch and no separate shared store.
+// generic pointer per copy.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// And with `valid`: false writes 16 zero bytes and reads nothing (the copy's source
+// size 0), with no branch and no separate shared store.
 __device__ __forceinline__ void cp_async_16_or_zero(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0)

@@ -171,17 +171,6 @@ __device__ __forceinline__ int ds_offset(int key, int c) {
   }
 }
 
-// dQ += dS K for one streamed tile on the atomic-dQ path. Each warp holds dS^T for its
-// 16 keys x kS rows (accumulator layout, `ds`); the tile passes through shared memory
-// (`sds`) so that a warp can take whole rows of dS over all 64 keys: at kS = 64 warp w
-// takes rows 16w .. 16w + 15 and every column of dQ, at kS = 16 the 16 rows and
-// columns D/4 w .. (one red.global.add per element and tile either way: 4x fewer than
-// adding each warp's 16-key partial). Columns go in 32-column chunks (16 accumulators:
-// the dk/dv kernel already holds 128 f32 of dK and dV), each added as whole 128-byte
-// lines into the accumulator's chunk layout (sm80_tiles.h, kAccChunk). `acc` points at
-// the tile's first chunk (16-row aligned) of the head, `col_chunks` chunks a row chunk;
-// lanes of rows >= rows_valid add nothing. The caller synchronises the block before
-// the call (sds is free) and before sds or sK is written again.
 // Where element (n8 tile j, i = 2 hf + e) of lane `lane` sits in an accumulator chunk
 // (sm80_tiles.h): so that one warp-wide add covers whole lines. sm_90 adds a lane's 4
 // floats of a tile at once (red.global.add.v4.f32: 512 bytes a warp), older archs one
@@ -194,17 +183,56 @@ __device__ __forceinline__ int acc_offset(int j, int i, int lane) {
 #endif
 }
 
+// Adds a warp's 16 x 32 chunk (mma accumulators q[j][i] of n8 tile j) into the chunk
+// whose lane element is at `at` (chunk + acc_offset(0, 0, lane): the offsets are
+// linear, so every add is `at` plus a constant, which ptxas folds into the red's
+// address). Every row is added, with no test: rows past the tile's last (rows_valid)
+// carry exact zeros (their dS is masked to 0) into their own sequence's last chunk,
+// whose rows past the sequence are never read. A test per add (a select pair and a
+// branch) cost ~9 instructions a red (ncu, d128).
+__device__ __forceinline__ void dq_chunk_add(float* at, const float (&q)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(at + acc_offset(j, 0, 0)),
+                 "f"(q[j][0]), "f"(q[j][1]), "f"(q[j][2]), "f"(q[j][3])
+                 : "memory");
+#else
+#pragma unroll
+    for (int i = 0; i < 4; ++i) atomicAdd(at + acc_offset(j, i, 0), q[j][i]);
+#endif
+  }
+}
+
+// dQ += dS K for one streamed tile on the atomic-dQ path. Each warp holds dS^T for its
+// 16 keys x kS rows (accumulator layout, `ds`); the tile passes through shared memory
+// (`sds`) so that a warp can take whole rows of dS over all 64 keys: at kS = 64 warp w
+// takes rows 16w .. 16w + 15 and every column of dQ, at kS = 16 the 16 rows and
+// columns D/4 w .. (one red.global.add per element and tile either way: 4x fewer than
+// adding each warp's 16-key partial). Columns go in 32-column chunks, two at a time
+// (32 accumulators: the dk/dv kernel already holds 128 f32 of dK and dV), each added
+// as whole 128-byte lines into the accumulator's chunk layout (sm80_tiles.h,
+// kAccChunk). `acc` points at the tile's first chunk (16-row aligned) of the head,
+// `col_chunks` chunks a row chunk; rows >= rows_valid add zeros (dq_chunk_add). The
+// caller synchronises the block before the call (sds is free) and before sds or sK is
+// written again.
 template <typename T, int D, int kS>
 __device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kS / 8][4], T* sds, uint32_t sK_addr,
                                                float* acc, int col_chunks, int rows_valid,
                                                int hd, const LdsmLane<D>& lds_a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // The lane's (key warp*16 + g + 8 hf, rows 8 nt + 2t ..) at byte `ds_at ^ 16 nt` + 1024 hf
+  // (kS = 64: sds and so every key's row 128-byte aligned, the swizzle term g in bits
+  // 4-6 of `ds_at`, 4t below them) or `ds_at + 16 nt + 256 hf` (kS = 16): one instruction an
+  // address; ds_offset's arithmetic per store took ~70 instructions a tile (d128).
+  const uint32_t ds_at = smem_addr(sds) + 2u * uint32_t(ds_offset<kS>(warp * 16 + g, 0) + 2 * t);
 #pragma unroll
   for (int nt = 0; nt < kS / 8; ++nt) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      *reinterpret_cast<uint32_t*>(sds + ds_offset<kS>(warp * 16 + g + 8 * hf, nt) + 2 * t) =
-          pack2<T>(ds[nt][2 * hf], ds[nt][2 * hf + 1]);
+      const uint32_t x = pack2<T>(ds[nt][2 * hf], ds[nt][2 * hf + 1]);
+      const uint32_t addr = (kS == 64 ? ds_at ^ (16u * nt) : ds_at + 16u * nt) + 16u * kS * hf;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
     }
   }
   __syncthreads();
@@ -220,41 +248,42 @@ __device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kS / 8][4], T* 
     const int key = kk * 16 + (lane & 7) + 8 * (lane >> 4), c = 2 * rg + ((lane >> 3) & 1);
     ldsm_x4_trans(a[kk], sds_addr + 2u * uint32_t(ds_offset<kS>(key, c)));
   }
-  const bool row_ok[2] = {g < rows_valid - rg * 16, g + 8 < rows_valid - rg * 16};
+  // Chunks two at a time, their mma interleaved: one chunk's four accumulators are
+  // four dependent chains of kBwdBlock / 16 mma each, and its adds wait on the last.
+  // One chunk at a time in a rolled loop took 26 % of the d128 kernel's stall samples
+  // (ncu), 41 % of them fixed-latency waits. Chunks
+  // past the head dim (hd <= D - 32, a bucket's smaller dims) are computed on the
+  // zero columns of sK and not added.
+  constexpr int kChunks = kCols / kAccChunkCols, kStep = kChunks >= 2 && true ? 2 : 1;
+  // A row group wholly past the tile's rows adds nothing: its chunk may be the next
+  // sequence's first (warp-uniform).
+  if (rows_valid <= rg * 16) return;
+  // the lane's element of the warp's first chunk; columns past hd land in a chunk's
+  // padding, never read
+  float* const at = acc + (int64_t(rg) * col_chunks + col0 / kAccChunkCols) * kAccChunk +
+                    acc_offset(0, 0, lane);
 #pragma unroll
-  for (int c0 = col0; c0 < col0 + kCols; c0 += kAccChunkCols) {
-    if (c0 >= hd) break;  // warp-uniform: chunks past the head dim do not exist
-    float q[4][4] = {};
+  for (int cc = 0; cc < kChunks; cc += kStep) {
+    float q[kStep][4][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kBwdBlock / 16; ++kk) {
 #pragma unroll
-      for (int dd = 0; dd < 2; ++dd) {
-        uint32_t y[4];  // columns c0 + 16 dd + 0..7: {y0, y1}; + 8..15: {y2, y3}
-        ldsm_x4_trans(y, lds_a(sK_addr, kk * 16, c0 / 16 + dd));
-        mma_16816<T>(q[2 * dd], a[kk], y[0], y[1]);
-        mma_16816<T>(q[2 * dd + 1], a[kk], y[2], y[3]);
+      for (int u = 0; u < kStep; ++u) {
+        if (cc + u >= kChunks) continue;  // D = 96: 3 chunks
+#pragma unroll
+        for (int dd = 0; dd < 2; ++dd) {
+          uint32_t y[4];  // columns c0 + 16 dd + 0..7: {y0, y1}; + 8..15: {y2, y3}
+          ldsm_x4_trans(y, lds_a(sK_addr, kk * 16, (col0 + (cc + u) * kAccChunkCols) / 16 + dd));
+          mma_16816<T>(q[u][2 * dd], a[kk], y[0], y[1]);
+          mma_16816<T>(q[u][2 * dd + 1], a[kk], y[2], y[3]);
+        }
       }
     }
-    // columns past hd land in the chunk's padding, never read
-    float* chunk = acc + (int64_t(rg) * col_chunks + c0 / kAccChunkCols) * kAccChunk;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#if __CUDA_ARCH__ >= 900
-      // rows_valid cuts whole 8-row halves of a lane's 4 floats: zeros add nothing
-      const float x0 = row_ok[0] ? q[j][0] : 0.f, x1 = row_ok[0] ? q[j][1] : 0.f;
-      const float x2 = row_ok[1] ? q[j][2] : 0.f, x3 = row_ok[1] ? q[j][3] : 0.f;
-      if (row_ok[0] || row_ok[1]) {
-        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(
-                         chunk + acc_offset(j, 0, lane)),
-                     "f"(x0), "f"(x1), "f"(x2), "f"(x3)
-                     : "memory");
-      }
-#else
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // i = 2 hf + e
-        if (row_ok[i / 2]) atomicAdd(chunk + acc_offset(j, i, lane), q[j][i]);
-      }
-#endif
+    for (int u = 0; u < kStep; ++u) {
+      // warp-uniform: chunks past the head dim do not exist
+      if (cc + u >= kChunks || col0 + (cc + u) * kAccChunkCols >= hd) continue;
+      dq_chunk_add(at + (cc + u) * kAccChunk, q[u]);
     }
   }
 }
@@ -358,6 +387,18 @@ __device__ void flash_bwd_dq_convert_sm80(const xla_attn_flash_bwd_params& p) {
   }
 }
 
+// A dk/dv block's walk over its (query head of the GQA group, row tile) pairs, row
+// tiles first, wrapping around to head 0.
+struct BwdTileCursor {
+  int head, row;
+  __device__ __forceinline__ void advance(int per_head, int group) {
+    if (++row == per_head) {
+      row = 0;
+      if (++head == group) head = 0;
+    }
+  }
+};
+
 // The gradients a dk/dv block accumulates: both, or at d256 (sm80::bwd_split_grads)
 // one of them, so that its accumulators fit the registers.
 enum BwdGrads { kGradDV = 1, kGradDK = 2, kGradBoth = 3 };
@@ -414,15 +455,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   const int per_head = (i_hi - i_lo + kS - 1) / kS;
   const int tiles = per_head * group;  // (query head of the group, row tile) pairs
 
-  // Tile `it` (head hk * group + it / per_head, rows i0 ...) into `stage`: Q and dO
-  // rows, their lse and D (zeros past i_hi: those rows then add nothing).
-  // On the atomic-dQ path the key blocks of a head start at different tiles (and wrap
-  // around), so that they do not all add into the same dQ lines at once.
-  const int first_tile = dq_acc && tiles > 0 ? key_block % tiles : 0;
-  auto tile_at = [&](int it) { return it + first_tile < tiles ? it + first_tile : it + first_tile - tiles; };
-  auto issue = [&](int it, int stage) {
-    const int tile = tile_at(it);
-    const int h = hk * group + tile / per_head, i0 = i_lo + (tile % per_head) * kS;
+  // Tile `tile` (head hk * group + tile.head, rows i0 = i_lo + tile.row * kS ...) into
+  // `stage`: Q and dO rows, their lse and D (zeros past i_hi: those rows then add nothing).
+  auto issue = [&](const BwdTileCursor& tile, int stage) {
+    const int h = hk * group + tile.head, i0 = i_lo + tile.row * kS;
     const int64_t first = s.q_start + i0;
     const T* q = static_cast<const T*>(p.q) + first * q_stride + int64_t(h) * hd;
     const T* dout = static_cast<const T*>(p.dout) + first * q_stride + int64_t(h) * hd;
@@ -452,13 +488,22 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   float dk[kDK ? kDT : 1][4] = {}, dv[kDV ? kDT : 1][4] = {};
   int64_t h_prev = -1;
   BwdScore sc_mod{};
-  if (tiles > 0) issue(0, 0);
-  for (int it = 0; it < tiles; ++it) {
-    const int stage = it % kStages, tile = tile_at(it), h = hk * group + tile / per_head;
-    const int i0 = i_lo + (tile % per_head) * kS;
+  // On the atomic-dQ path the key blocks of a head start at different tiles (and wrap
+  // around), so that they do not all add into the same dQ lines at once. The cursors
+  // step by one tile: a division per tile (head and row from the tile's index) cost
+  // ~40 instructions and 9 % of the d128 kernel's stall samples (ncu).
+  const int first_tile = dq_acc && tiles > 0 ? key_block % tiles : 0;
+  BwdTileCursor tile{first_tile / max(per_head, 1), first_tile % max(per_head, 1)};
+  if (tiles > 0) issue(tile, 0);
+  for (int it = 0; it < tiles; ++it, tile.advance(per_head, group)) {
+    const int stage = it % kStages, h = hk * group + tile.head, i0 = i_lo + tile.row * kS;
     cp_async_wait<0>();  // K, V and tile `it`
     __syncthreads();     // ... for every thread; tile it - 1 fully consumed
-    if (it + 1 < tiles) issue(it + 1, (it + 1) % kStages);
+    if (it + 1 < tiles) {
+      BwdTileCursor next = tile;
+      next.advance(per_head, group);
+      issue(next, (it + 1) % kStages);
+    }
     if (h != h_prev) {
       h_prev = h;
       const bool capped = p.softcap > 0.f;
