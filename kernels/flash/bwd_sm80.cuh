@@ -254,7 +254,7 @@ __device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kS / 8][4], T* 
   // (ncu), 41 % of them fixed-latency waits. Chunks
   // past the head dim (hd <= D - 32, a bucket's smaller dims) are computed on the
   // zero columns of sK and not added.
-  constexpr int kChunks = kCols / kAccChunkCols, kStep = kChunks >= 2 && true ? 2 : 1;
+  constexpr int kChunks = kCols / kAccChunkCols, kStep = kChunks >= 2 ? 2 : 1;
   // A row group wholly past the tile's rows adds nothing: its chunk may be the next
   // sequence's first (warp-uniform).
   if (rows_valid <= rg * 16) return;
