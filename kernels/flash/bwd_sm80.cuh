@@ -221,10 +221,11 @@ __device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kS / 8][4], T* 
                                                float* acc, int col_chunks, int rows_valid,
                                                int hd, const LdsmLane<D>& lds_a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // The lane's (key warp*16 + g + 8 hf, rows 8 nt + 2t ..) at byte `ds_at ^ 16 nt` + 1024 hf
-  // (kS = 64: sds and so every key's row 128-byte aligned, the swizzle term g in bits
-  // 4-6 of `ds_at`, 4t below them) or `ds_at + 16 nt + 256 hf` (kS = 16): one instruction an
-  // address; ds_offset's arithmetic per store took ~70 instructions a tile (d128).
+  // The lane's (key warp*16 + g + 8 hf, rows 8 nt + 2t ..) at byte `ds_at ^ 16 nt` +
+  // 1024 hf (kS = 64: sds and so every key's row 128-byte aligned, the swizzle term g
+  // in bits 4-6 of `ds_at`, 4t below them) or `ds_at + 16 nt + 256 hf` (kS = 16): one
+  // instruction an address; ds_offset's arithmetic per store took ~70 instructions a
+  // tile (d128).
   const uint32_t ds_at = smem_addr(sds) + 2u * uint32_t(ds_offset<kS>(warp * 16 + g, 0) + 2 * t);
 #pragma unroll
   for (int nt = 0; nt < kS / 8; ++nt) {
@@ -251,9 +252,8 @@ __device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kS / 8][4], T* 
   // Chunks two at a time, their mma interleaved: one chunk's four accumulators are
   // four dependent chains of kBwdBlock / 16 mma each, and its adds wait on the last.
   // One chunk at a time in a rolled loop took 26 % of the d128 kernel's stall samples
-  // (ncu), 41 % of them fixed-latency waits. Chunks
-  // past the head dim (hd <= D - 32, a bucket's smaller dims) are computed on the
-  // zero columns of sK and not added.
+  // (ncu), 41 % of them fixed-latency waits. Chunks past the head dim (hd <= D - 32,
+  // a bucket's smaller dims) are computed on the zero columns of sK and not added.
   constexpr int kChunks = kCols / kAccChunkCols, kStep = kChunks >= 2 ? 2 : 1;
   // A row group wholly past the tile's rows adds nothing: its chunk may be the next
   // sequence's first (warp-uniform).
