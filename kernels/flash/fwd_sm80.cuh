@@ -260,14 +260,10 @@ struct TileSoftmax {
         }
       }
     }
-    // Lane-relative bounds (below) up to d96: at d128 ptxas (sm_90) then spilled 224-308
-    // bytes (20 without), at d256 12 (sm_80: 28 stores, 196 loads; 0 without), so those
-    // keep the per-element test as it was.
-    constexpr bool kLaneBounds = kDT * 8 <= 96;
     // Absent pages (paged K/V only) in a pass of their own behind one uniform branch:
     // tested with the range, the branch around the valid[] load cost a BSSY/BRA per
     // element (ncu, d64 S=512 causal: 11 % of the stall samples on branches).
-    if (kMask && kLaneBounds && tile_absent) {
+    if (kMask && tile_absent) {
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -285,19 +281,17 @@ struct TileSoftmax {
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        // Visible keys of this row in the tile: [lo, hi) relative to n0, or with
-        // kLaneBounds to n0 + 2t (the lane's key at nt = e = 0), so that key nt * 8 + e
-        // is tested against constants: a compare pair and a select an element.
+        // Visible keys of this row in the tile: [lo, hi) relative to n0 + 2t (the lane's
+        // key at nt = e = 0), so that key nt * 8 + e is tested against constants: a
+        // compare pair and a select an element.
         int lo = 0, hi = kBlockN;
         if constexpr (kMask) {
           const int64_t pos = pos0 + mt * kWarps * 16 + 8 * hf;
           hi = min(n_hi - n0, kBlockN);
           if (win.right >= 0) hi = int(clamp64(pos + win.right + 1 - n0, 0, hi));
           if (win.left >= 0) lo = int(clamp64(pos - win.left - n0, 0, kBlockN));
-          if constexpr (kLaneBounds) {
-            lo -= 2 * t;
-            hi -= 2 * t;
-          }
+          lo -= 2 * t;
+          hi -= 2 * t;
         }
         mx[mt][hf] = -XLA_ATTN_INF;
 #pragma unroll
@@ -305,11 +299,8 @@ struct TileSoftmax {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = sc[mt][nt][2 * hf + e];
-            if constexpr (kMask && kLaneBounds) {
+            if constexpr (kMask) {
               if (nt * 8 + e < lo || nt * 8 + e >= hi) x = -XLA_ATTN_INF;
-            } else if constexpr (kMask) {
-              const int jl = nt * 8 + 2 * t + e;
-              if (jl < lo || jl >= hi || (tile_absent && !valid[jl])) x = -XLA_ATTN_INF;
             }
             mx[mt][hf] = fmaxf(mx[mt][hf], x);
           }
