@@ -283,7 +283,9 @@ struct TileSoftmax {
       for (int hf = 0; hf < 2; ++hf) {
         // Visible keys of this row in the tile: [lo, hi) relative to n0 + 2t (the lane's
         // key at nt = e = 0), so that key nt * 8 + e is tested against constants: a
-        // compare pair and a select an element.
+        // compare pair and a select an element. With this ptxas (sm_90) spills 244 bytes
+        // at d128 (20 with the old per-element test) and the kernel is still faster on
+        // every H100 row measured (docs/benchmarks.md, 2026-11-23 (5)).
         int lo = 0, hi = kBlockN;
         if constexpr (kMask) {
           const int64_t pos = pos0 + mt * kWarps * 16 + 8 * hf;
