@@ -542,15 +542,14 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
     constexpr bool kMaskedCopy = D <= 64;
     enum { kProbFast, kProbMasked, kProbGeneral };
     auto probs = [&](const int kMode) {
-      const bool kFast = kMode == kProbFast;
       int vis_lo[2] = {0, 0}, vis_hi[2] = {0, 0};
       if (kMode == kProbMasked) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int64_t key = n0 + warp * 16 + g + 8 * hf, first = i0 + 2 * t;
-          int64_t lo = win.right >= 0 ? key - win.right - s.offset : 0;
-          int64_t hi = win.left >= 0 ? min(int64_t(i_hi), key + win.left - s.offset + 1) : i_hi;
-          if (key >= s.num_k) hi = lo;
+          // the rows below i_hi that see key `key` (none past num_k), relative to i0 + 2t
+          const int key = n0 + warp * 16 + g + 8 * hf, first = i0 + 2 * t;
+          int lo = 0, hi = 0;
+          if (key < s.num_k) win.row_range(key, key, s.offset, i_hi, &lo, &hi);
           vis_lo[hf] = int(clamp64(lo - first, 0, kS));
           vis_hi[hf] = int(clamp64(hi - first, 0, kS));
         }
@@ -568,7 +567,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
           for (int e = 0; e < 2; ++e) {
             float& x = st[nt][2 * hf + e];
             float& d = dpt[nt][2 * hf + e];
-            if (kFast) {
+            if (kMode == kProbFast) {
               x = fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]));
               if (kDK) d = x * (d - dl[e]);
             } else if (kMode == kProbMasked) {

@@ -172,8 +172,7 @@ std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::
   // dq from the accumulator: a block per 16 rows (sm80::kAccChunkRows); else the dq kernel.
   const int rows = atomic_dq ? sm80::kAccChunkRows : kB;
   const dim3 dq_grid((std::max(p.max_seqlen_q, 1) + rows - 1) / rows, p.num_heads, p.batch + 1);
-  if (atomic_dq) return dispatch::launch(*dq, dq_grid, 0, stream, &p);
-  return dispatch::launch(*dq, dq_grid, smem, stream, &p);
+  return dispatch::launch(*dq, dq_grid, atomic_dq ? 0 : smem, stream, &p);
 }
 
 std::string launch_cuda(const xla_attn_flash_bwd_params& p, cudaStream_t stream) {

@@ -42,15 +42,15 @@ def _same_device(op: str, device: torch.device, **tensors) -> None:
                              f"got {x.device}")
 
 
-def _launch(run, params, device: torch.device, workspace: bool = True) -> None:
+def _launch(run, params, device: torch.device, with_workspace: bool = True) -> None:
     """Runs `params` on the Host, or on `device`'s current torch stream with the
     workspace the library asks for (freed stream-ordered by torch's allocator; none
-    when `workspace` is False)."""
+    when `with_workspace` is False)."""
     if device.type == "cpu":
         run(params, _capi.HOST)
         return
     with torch.cuda.device(device):
-        size = _capi.workspace_size(params) if workspace else 0
+        size = _capi.workspace_size(params) if with_workspace else 0
         workspace = None
         if size:
             workspace = torch.empty(size, dtype=torch.uint8, device=device)
@@ -170,7 +170,7 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
         window_left=window_left, window_right=window_right, softmax_scale=softmax_scale,
         softcap=softcap, dtype=_code(q))
     # the workspace takes the tensor-core family onto its atomic-dQ path
-    _launch(_capi.flash_bwd, p, q.device, workspace=not deterministic)
+    _launch(_capi.flash_bwd, p, q.device, with_workspace=not deterministic)
     return dq, dk, dv
 
 
