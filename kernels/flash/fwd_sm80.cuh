@@ -318,32 +318,60 @@ struct TileSoftmax {
           mx[mt][hf] = fmaxf(mx[mt][hf], __shfl_xor_sync(0xffffffffu, mx[mt][hf], lane_bit));
       }
     }
+    // The running max moves only when a row's tile max exceeds it by more than
+    // kMaxSlack (base 2). Below that the stale max stays: every exponent is then
+    // <= 2^kMaxSlack = 256, which f32 sums and the 16-bit P (same relative precision at
+    // 256 as at 1) hold exactly as well, and l and O keep using the same max, so the
+    // result and lse are those of the exact max. With random scores a row's max settles
+    // within the slack after its first tile, so O is rescaled (kMT * D / 2 FMUL a lane,
+    // d256: 128 against the tile's 128 mma) almost only there; and the rescale, a
+    // branch on the warp's vote, comes before the exponentials so that those still share
+    // a basic block with the P V mma (see the barrier in flash_fwd_sm80).
+    constexpr float kMaxSlack = 8.f;
+    float corr[kMT][2], m_use[kMT][2];
+    bool moved = false;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const float m_new = fmaxf(m[mt][hf], mx[mt][hf] * exp_mul);  // exp_mul > 0: -inf stays
+        const float m_tile = mx[mt][hf] * exp_mul;  // exp_mul > 0: -inf stays
+        const bool up = m_tile > m[mt][hf] + kMaxSlack;  // m = -inf: any visible key
+        moved |= up;
+        const float m_new = up ? m_tile : m[mt][hf];
         // A row with no visible key so far keeps m = -inf; exponents then use 0 so
         // that every term is exp2(-inf) = 0 instead of NaN.
-        const float m_use = m_new == -XLA_ATTN_INF ? 0.f : m_new;
-        const float corr = fast_exp2(m[mt][hf] - m_use);
+        m_use[mt][hf] = m_new == -XLA_ATTN_INF ? 0.f : m_new;
+        corr[mt][hf] = fast_exp2(m[mt][hf] - m_use[mt][hf]);
         m[mt][hf] = m_new;
+      }
+    }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[mt][dt][i] *= corr[mt][i / 2];
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) l[mt][hf] *= corr[mt][hf];
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = sc[mt][nt][2 * hf + e];
-            x = fast_exp2(fmaf(x, exp_mul, -m_use));
+            x = fast_exp2(fmaf(x, exp_mul, -m_use[mt][hf]));
             sum += x;
           }
         }
-        l[mt][hf] = l[mt][hf] * corr + sum;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          o[mt][dt][2 * hf] *= corr;
-          o[mt][dt][2 * hf + 1] *= corr;
-        }
+        l[mt][hf] += sum;
       }
     }
   }
