@@ -217,6 +217,7 @@ struct TileSoftmax {
   float exp_mul;       // base-2 score = (transformed) x * exp_mul
   float slope;         // ALiBi slope in the units of x: slope * log2 e / exp_mul
   bool prescale;       // no softcap, but a factor <= 0: x *= mul first
+  bool transform;      // prescale || slope != 0 (one flag, so one branch)
   bool tile_absent;    // some key of the tile has no page: check valid[]
   const uint8_t* valid;  // [block_n] 1 where the key has a K/V row
 
@@ -231,7 +232,7 @@ struct TileSoftmax {
     constexpr int kBlockN = kNT * 8;
     // The rare transforms behind one uniform branch (a branch each cost ~0.5 % of the
     // d64 S=512 stall samples).
-    if (kCap || prescale || slope != 0.f) {
+    if (kCap || transform) {
       if (kCap || prescale) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
@@ -590,19 +591,22 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
 
       // Online softmax (TileSoftmax below), its masking and softcap compile-time flags.
       const TileSoftmax tsm{int64_t(m0) + warp * 16 + g + s.offset, n0, n_hi, t, win, mul,
-                            cap, exp_mul, slope / exp_mul, prescale, tile_absent,
+                            cap, exp_mul, slope / exp_mul, prescale,
+                            prescale || slope != 0.f, tile_absent,
                             sValid + stage * kBlockN};
-      if (mask && softcap) {
-        tsm.run<true, true>(sc, m, l, o);
+      // The common tile (unmasked, no softcap) first, behind one branch: written the
+      // other way round, ptxas tested both flags in a chain of five branches.
+      if (!(mask | softcap)) {
+        tsm.run<false, false>(sc, m, l, o);
         pv();
-      } else if (mask) {
+      } else if (!softcap) {
         tsm.run<true, false>(sc, m, l, o);
         pv();
-      } else if (softcap) {
+      } else if (!mask) {
         tsm.run<false, true>(sc, m, l, o);
         pv();
       } else {
-        tsm.run<false, false>(sc, m, l, o);
+        tsm.run<true, true>(sc, m, l, o);
         pv();
       }
     }
