@@ -171,26 +171,32 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
   };
   // Tile i into stage i % kStages: lanes 0..15 publish their keys' rows (the softmax
   // reads them back for validity), then every lane copies kLoads 16-byte chunks of K
-  // and of V; absent keys get zeros.
+  // and of V, taking each chunk's row from its lane by a shuffle; absent keys get zeros
+  // (a zero-byte cp.async). Read back from shared memory after a __syncwarp, with a
+  // branch per chunk for the zeros, the copies took ~25 instructions a chunk pair:
+  // a third of the d128 tile loop's ~780, and decode is latency-bound (ncu: 0.38
+  // eligible warps a scheduler), so every instruction between two tiles' copies counts.
+  // A lane's chunks: column cp_c of rows cp_r0 + it * kRowStep, at fixed shared offsets
+  // (computed once: inside the loop, ptxas recomputed them for every tile).
+  static_assert(32 % kChunks == 0, "a lane's chunks must share a column");
+  constexpr int kRowStep = 32 / kChunks;
+  const int cp_c = lane % kChunks, cp_r0 = lane / kChunks;
+  uint32_t cp_dst[kLoads];
+#pragma unroll
+  for (int it = 0; it < kLoads; ++it) cp_dst[it] = 2u * uint32_t(swz<kTileW>(cp_r0 + it * kRowStep, cp_c));
+  const KV* kc_col = kc + cp_c * 16 / int(sizeof(KV));
+  const KV* vc_col = vc + cp_c * 16 / int(sizeof(KV));
   auto issue = [&](int i, int row_of_lane) {
     const int stage = i % kStages;
     if (lane < kTileKeys) sRow[stage * kTileKeys + lane] = row_of_lane;
-    __syncwarp();
-    KV* tk = sK + stage * kStageBytes / int(sizeof(KV));
-    KV* tv = sV + stage * kStageBytes / int(sizeof(KV));
+    const uint32_t tk = smem_addr(sK) + uint32_t(stage * kStageBytes);
+    const uint32_t tv = smem_addr(sV) + uint32_t(stage * kStageBytes);
 #pragma unroll
     for (int it = 0; it < kLoads; ++it) {
-      const int idx = lane + 32 * it, r = idx / kChunks, c = idx % kChunks;
-      const int row = sRow[stage * kTileKeys + r];
-      const int elem = c * 16 / int(sizeof(KV));
-      const int off = swz<kTileW>(r, c) * 2 / int(sizeof(KV));
-      if (row >= 0) {
-        cp_async_16(tk + off, kc + int64_t(row) * kv_stride + elem);
-        cp_async_16(tv + off, vc + int64_t(row) * kv_stride + elem);
-      } else {
-        *reinterpret_cast<uint4*>(tk + off) = make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(tv + off) = make_uint4(0u, 0u, 0u, 0u);
-      }
+      const int row = __shfl_sync(0xffffffffu, row_of_lane, cp_r0 + it * kRowStep);
+      const int64_t at = int64_t(max(row, 0)) * kv_stride;
+      cp_async_16_or_zero(tk + cp_dst[it], kc_col + at, row >= 0);
+      cp_async_16_or_zero(tv + cp_dst[it], vc_col + at, row >= 0);
     }
   };
 
@@ -251,6 +257,29 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
         sc[i / 4][i % 4] -= slope2[hf] * float(abs(pos[hf] - key));
       }
     }
+    // Keys a row cannot see, in a pass behind one uniform branch: none where the
+    // warp's 16 keys all exist and the window holds them for every row of the warp
+    // (a window is an interval of keys, so its two ends decide), the common tile of a
+    // long context. Tested per element, that was 8 shared loads and ~40 instructions.
+    const bool all_visible = __all_sync(
+        0xffffffffu, sRow[stage * kTileKeys + (lane & (kTileKeys - 1))] >= 0 &&
+                         win.visible(pos[0], key0) && win.visible(pos[0], key0 + kTileKeys - 1) &&
+                         win.visible(pos[1], key0) && win.visible(pos[1], key0 + kTileKeys - 1));
+    if (!all_visible) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int jl = nt * 8 + 2 * t + e, key = key0 + jl;
+            float& x = sc[nt][2 * hf + e];
+            const bool vis = sRow[stage * kTileKeys + jl] >= 0 && win.visible(pos[hf], key);
+            x = vis ? x : -XLA_ATTN_INF;
+          }
+        }
+      }
+    }
     // Online softmax of rows g and g + 8.
     float corr[2];
 #pragma unroll
@@ -259,13 +288,7 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int jl = nt * 8 + 2 * t + e, key = key0 + jl;
-          float& x = sc[nt][2 * hf + e];
-          const bool vis = sRow[stage * kTileKeys + jl] >= 0 && win.visible(pos[hf], key);
-          x = vis ? x : -XLA_ATTN_INF;
-          mx = fmaxf(mx, x);
-        }
+        for (int e = 0; e < 2; ++e) mx = fmaxf(mx, sc[nt][2 * hf + e]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
