@@ -67,8 +67,14 @@ struct LdsmLane {
     return LdsmLane((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
   }
   // Shared-window address in the tile at `base` (bytes), block row r0, k-step kk.
+  // chunk < 128 (3 bits of chunk index), so XOR-ing 32 kk = 128 (kk / 4) + 32 (kk % 4)
+  // only mixes in the low part: (chunk ^ 32 (kk % 4)) + 128 (kk / 4). Grouped so, the
+  // lane needs four sums base + row + (chunk ^ 32 j) per tile and every ldmatrix takes
+  // the rest as an immediate; with the XOR per k-step ptxas spent an XOR and an add on
+  // each ldmatrix (ncu, d256 forward: 88 integer instructions for the 48 ldmatrix of
+  // a Q K^T tile).
   __device__ __forceinline__ uint32_t operator()(uint32_t base, int r0, int kk) const {
-    return base + uint32_t(r0 * 2 * D) + row + (chunk ^ uint32_t(32 * kk));
+    return (base + row + (chunk ^ (32u * uint32_t(kk & 3)))) + uint32_t(r0 * 2 * D + 128 * (kk >> 2));
   }
 };
 
