@@ -74,7 +74,8 @@ struct LdsmLane {
   // each ldmatrix (ncu, d256 forward: 88 integer instructions for the 48 ldmatrix of
   // a Q K^T tile).
   __device__ __forceinline__ uint32_t operator()(uint32_t base, int r0, int kk) const {
-    return (base + row + (chunk ^ (32u * uint32_t(kk & 3)))) + uint32_t(r0 * 2 * D + 128 * (kk >> 2));
+    const uint32_t lane_part = base + row + (chunk ^ (32u * uint32_t(kk & 3)));
+    return lane_part + uint32_t(r0 * 2 * D + 128 * (kk >> 2));
   }
 };
 
@@ -294,9 +295,10 @@ struct TileSoftmax {
       for (int hf = 0; hf < 2; ++hf) {
         // Visible keys of this row in the tile: [lo, hi) relative to n0 + 2t (the lane's
         // key at nt = e = 0), so that key nt * 8 + e is tested against constants: a
-        // compare pair and a select an element. With this ptxas (sm_90) spills 244 bytes
-        // at d128 (20 with the old per-element test) and the kernel is still faster on
-        // every H100 row measured (docs/benchmarks.md, 2026-11-23 (5)).
+        // compare pair and a select an element. With this ptxas (sm_90) spilled 244
+        // bytes at d128 (20 with the old per-element test), and the kernel was still
+        // faster on every H100 row measured (docs/benchmarks.md, 2026-11-23 (5)); since
+        // the O rescale went behind a vote (below), 8 bytes.
         int lo = 0, hi = kBlockN;
         if constexpr (kMask) {
           const int64_t pos = pos0 + mt * kWarps * 16 + 8 * hf;

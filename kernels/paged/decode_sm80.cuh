@@ -183,7 +183,9 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
   const int cp_c = lane % kChunks, cp_r0 = lane / kChunks;
   uint32_t cp_dst[kLoads];
 #pragma unroll
-  for (int it = 0; it < kLoads; ++it) cp_dst[it] = 2u * uint32_t(swz<kTileW>(cp_r0 + it * kRowStep, cp_c));
+  for (int it = 0; it < kLoads; ++it) {
+    cp_dst[it] = 2u * uint32_t(swz<kTileW>(cp_r0 + it * kRowStep, cp_c));
+  }
   const KV* kc_col = kc + cp_c * 16 / int(sizeof(KV));
   const KV* vc_col = vc + cp_c * 16 / int(sizeof(KV));
   auto issue = [&](int i, int row_of_lane) {
