@@ -453,13 +453,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   // in front see none of the block's keys (the mask zeroes them).
   if (dq_acc) i_lo -= i_lo % kAccChunkRows;
   const int per_head = (i_hi - i_lo + kS - 1) / kS;
-  // Rows [full_lo, full_hi) see every key of the block (the last key's causal / window
-  // start, the first key's window end, i_hi): a tile inside them with all kB keys
-  // present needs no element-wise mask. Two compares a tile; the same test written per
-  // tile from the window compiled to a chain of branches (in the forward, 2 % of the
-  // d64 S=512 stall samples).
+  // Rows [full_lo, full_hi) below i_hi see every key of the block: a tile inside them
+  // with all kB keys present needs no element-wise mask. Two compares a tile; the same
+  // test written per tile from the window compiled to a chain of branches (in the
+  // forward, 2 % of the d64 S=512 stall samples).
   int full_lo = 0, full_hi = 0;
-  if (n0 + kB <= s.num_k) win.row_range(n0 + kB - 1, n0, s.offset, i_hi, &full_lo, &full_hi);
+  if (n0 + kB <= s.num_k) win.rows_seeing_all(n0, n0 + kB - 1, s.offset, i_hi, &full_lo, &full_hi);
   const int tiles = per_head * group;  // (query head of the group, row tile) pairs
 
   // Tile `tile` (head hk * group + tile.head, rows i0 = i_lo + tile.row * kS ...) into
@@ -729,7 +728,7 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
 
   // Keys every row of the block sees, as in the forward (fwd_sm80.cuh, full_lo).
   int full_lo, full_hi;
-  win.key_range(m_last, m0, s.offset, s.num_k, &full_lo, &full_hi);
+  win.keys_seen_by_all(m0, m_last, s.offset, s.num_k, &full_lo, &full_hi);
   full_hi = min(full_hi, n_hi);
 
   float dq[kDT][4] = {};

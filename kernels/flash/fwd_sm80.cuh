@@ -224,7 +224,8 @@ struct TileSoftmax {
   float exp_mul;       // base-2 score = (transformed) x * exp_mul
   float slope;         // ALiBi slope in the units of x: slope * log2 e / exp_mul
   bool prescale;       // no softcap, but a factor <= 0: x *= mul first
-  bool transform;      // prescale || slope != 0 (one flag, so one branch)
+  bool transform;      // prescale || slope != 0: one flag, so that the common tile takes
+                       // one branch (tested as two in run(), ptxas kept two)
   bool tile_absent;    // some key of the tile has no page: check valid[]
   const uint8_t* valid;  // [block_n] 1 where the key has a K/V row
 
@@ -419,13 +420,12 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
   const Window& win = blk.win;
   const int m_last = min(m0 + kBlockM, s.num_q) - 1;
   const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
-  // Keys [full_lo, full_hi) are visible to every row of the block (the last row's
-  // window start, the first row's causal / window end, the range end): a tile inside
-  // them needs no element-wise mask. Two compares a tile; the same test written per
-  // tile from the window compiled to a chain of four branches (ncu, d64 S=512: 2 % of
-  // the stall samples).
+  // Keys [full_lo, full_hi) are visible to every row of the block and inside its range:
+  // a tile inside them needs no element-wise mask. Two compares a tile; the same test
+  // written per tile from the window compiled to a chain of four branches (ncu, d64
+  // S=512: 2 % of the stall samples).
   int full_lo, full_hi;
-  win.key_range(m_last, m0, s.offset, s.num_k, &full_lo, &full_hi);
+  win.keys_seen_by_all(m0, m_last, s.offset, s.num_k, &full_lo, &full_hi);
   full_hi = min(full_hi, n_hi);
   const KeyRows keys{p.block_table, p.max_blocks_per_seq, paged ? p.block_size : 1,
                      paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};

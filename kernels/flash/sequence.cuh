@@ -76,6 +76,18 @@ struct Window {
     *lo = int(clamp64(a, 0, num_q));
     *hi = int(clamp64(b, *lo, num_q));
   }
+  // Keys [lo, hi) that every row in [row_lo, row_hi] sees: from the last row's window
+  // start to the first row's window end (empty where those cross). A tile inside them
+  // needs no element-wise mask.
+  __device__ __forceinline__ void keys_seen_by_all(int64_t row_lo, int64_t row_hi, int offset,
+                                                   int num_k, int* lo, int* hi) const {
+    key_range(row_hi, row_lo, offset, num_k, lo, hi);
+  }
+  // Query rows [lo, hi) that see every key in [key_lo, key_hi].
+  __device__ __forceinline__ void rows_seeing_all(int64_t key_lo, int64_t key_hi, int offset,
+                                                  int num_q, int* lo, int* hi) const {
+    row_range(key_hi, key_lo, offset, num_q, lo, hi);
+  }
 };
 
 // Sequence-local key j -> global row of k/v, or -1 for a page that is not there.
