@@ -102,58 +102,89 @@ __device__ __forceinline__ void bwd_store_rows(T* stage, const float (&acc)[D / 
   }
 }
 
+__device__ __forceinline__ void add4(float (&a)[4], const float4& x) {
+  a[0] += x.x, a[1] += x.y, a[2] += x.z, a[3] += x.w;
+}
+
 // Whether rows of hd elements at these tensors take 16-byte copies.
 template <typename... P>
 __device__ __forceinline__ bool bwd_vec(int hd, const P*... ptrs) {
   return hd % 8 == 0 && (aligned_to<P>(ptrs, 16) && ...);
 }
 
-// Two products over the same D-wide k-steps for the warp's 16 rows x kN columns:
-// acc0 += A0 B0^T and (kSecond) acc1 += A1 B1^T, A at rows warp*16 of tiles a0 / a1,
-// B tiles b0 / b1 (kN rows each) read as stored (their rows are the products' columns).
-template <typename T, int D, int kN, bool kSecond = true>
-__device__ __forceinline__ void two_products(float (&acc0)[kN / 8][4], float (&acc1)[kN / 8][4],
-                                             uint32_t a0, uint32_t a1, uint32_t b0, uint32_t b1,
-                                             int warp, const LdsmLane<D>& lds_a,
+// Two products over the same D-wide k-steps for the warp's kM m16 tiles x kN columns:
+// acc0 += A0 B0^T and (kSecond) acc1 += A1 B1^T, A rows a_row + 16 m of tiles a0 / a1,
+// B rows b_row .. b_row + kN - 1 of tiles b0 / b1, read as stored (their rows are the
+// products' columns). Each B fragment serves all kM m-tiles.
+template <typename T, int D, int kM, int kN, bool kSecond = true>
+__device__ __forceinline__ void two_products(float (&acc0)[kM][kN / 8][4],
+                                             float (&acc1)[kM][kN / 8][4], uint32_t a0,
+                                             uint32_t a1, int a_row, uint32_t b0, uint32_t b1,
+                                             int b_row, const LdsmLane<D>& lds_a,
                                              const LdsmLane<D>& lds_b) {
+  // Row offsets known only at run time join the bases once. With one m-tile the A
+  // offset stays in the ldmatrix address, as before (joined, ptxas sm_90 spilled 24
+  // bytes at d128); with two, joined (d64 spill 48 -> 36 bytes).
+  if constexpr (kM > 1) {
+    a0 += uint32_t(a_row * 2 * D), a1 += uint32_t(a_row * 2 * D), a_row = 0;
+  }
+  b0 += uint32_t(b_row * 2 * D), b1 += uint32_t(b_row * 2 * D);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t x0[4], x1[4];
-    ldsm_x4(x0, lds_a(a0, warp * 16, kk));
-    if constexpr (kSecond) ldsm_x4(x1, lds_a(a1, warp * 16, kk));
+    uint32_t x0[kM][4], x1[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      ldsm_x4(x0[m], lds_a(a0, a_row + 16 * m, kk));
+      if constexpr (kSecond) ldsm_x4(x1[m], lds_a(a1, a_row + 16 * m, kk));
+    }
 #pragma unroll
     for (int nn = 0; nn < kN / 16; ++nn) {
       uint32_t y[4];  // B rows nn*16 + 0..7: {y0, y1}; + 8..15: {y2, y3}
       ldsm_x4(y, lds_b(b0, nn * 16, kk));
-      mma_16816<T>(acc0[2 * nn], x0, y[0], y[1]);
-      mma_16816<T>(acc0[2 * nn + 1], x0, y[2], y[3]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma_16816<T>(acc0[m][2 * nn], x0[m], y[0], y[1]);
+        mma_16816<T>(acc0[m][2 * nn + 1], x0[m], y[2], y[3]);
+      }
       if constexpr (kSecond) {
         ldsm_x4(y, lds_b(b1, nn * 16, kk));
-        mma_16816<T>(acc1[2 * nn], x1, y[0], y[1]);
-        mma_16816<T>(acc1[2 * nn + 1], x1, y[2], y[3]);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          mma_16816<T>(acc1[m][2 * nn], x1[m], y[0], y[1]);
+          mma_16816<T>(acc1[m][2 * nn + 1], x1[m], y[2], y[3]);
+        }
       }
     }
   }
 }
 
-// acc += P B for the warp's 16 rows: P (16 x kK) from f32 accumulators, rounded to T as
-// A fragments (c0,c1 -> a0 / a2; c2,c3 -> a1 / a3, see fwd_sm80.cuh), and B the kK x D
-// tile at `b` (row-major: its B fragments by ldmatrix.trans).
-template <typename T, int D, int kK>
-__device__ __forceinline__ void product_pb(float (&acc)[D / 8][4], const float (&pr)[kK / 8][4],
-                                           uint32_t b, const LdsmLane<D>& lds_a) {
+// acc += P B for the warp's kM m16 tiles: P (16 x kK each) from f32 accumulators,
+// rounded to T as A fragments (c0,c1 -> a0 / a2; c2,c3 -> a1 / a3, see fwd_sm80.cuh),
+// and B the kK x D tile at `b` (row-major: its B fragments by ldmatrix.trans, each
+// serving all kM m-tiles).
+template <typename T, int D, int kM, int kK>
+__device__ __forceinline__ void product_pb(float (&acc)[kM][D / 8][4],
+                                           const float (&pr)[kM][kK / 8][4], uint32_t b,
+                                           const LdsmLane<D>& lds_a) {
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
-    const uint32_t a[4] = {pack2<T>(pr[2 * kk][0], pr[2 * kk][1]),
-                           pack2<T>(pr[2 * kk][2], pr[2 * kk][3]),
-                           pack2<T>(pr[2 * kk + 1][0], pr[2 * kk + 1][1]),
-                           pack2<T>(pr[2 * kk + 1][2], pr[2 * kk + 1][3])};
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      a[m][0] = pack2<T>(pr[m][2 * kk][0], pr[m][2 * kk][1]);
+      a[m][1] = pack2<T>(pr[m][2 * kk][2], pr[m][2 * kk][3]);
+      a[m][2] = pack2<T>(pr[m][2 * kk + 1][0], pr[m][2 * kk + 1][1]);
+      a[m][3] = pack2<T>(pr[m][2 * kk + 1][2], pr[m][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int dd = 0; dd < D / 16; ++dd) {
       uint32_t y[4];  // dims dd*16 + 0..7: {y0, y1}; + 8..15: {y2, y3}
       ldsm_x4_trans(y, lds_a(b, kk * 16, dd));
-      mma_16816<T>(acc[2 * dd], a, y[0], y[1]);
-      mma_16816<T>(acc[2 * dd + 1], a, y[2], y[3]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma_16816<T>(acc[m][2 * dd], a[m], y[0], y[1]);
+        mma_16816<T>(acc[m][2 * dd + 1], a[m], y[2], y[3]);
+      }
     }
   }
 }
@@ -205,7 +236,8 @@ __device__ __forceinline__ void dq_chunk_add(float* at, const float (&q)[4][4]) 
 }
 
 // dQ += dS K for one streamed tile on the atomic-dQ path. Each warp holds dS^T for its
-// 16 keys x kS rows (accumulator layout, `ds`); the tile passes through shared memory
+// 16 kKM keys (from key_w) x kS / (its row warps) rows (from row_w; accumulator
+// layout, `ds`, as the dk/dv kernel's); the tile passes through shared memory
 // (`sds`) so that a warp can take whole rows of dS over all 64 keys: at kS = 64 warp w
 // takes rows 16w .. 16w + 15 and every column of dQ, at kS = 16 the 16 rows and
 // columns D/4 w .. (one red.global.add per element and tile either way: 4x fewer than
@@ -216,24 +248,31 @@ __device__ __forceinline__ void dq_chunk_add(float* at, const float (&q)[4][4]) 
 // `col_chunks` chunks a row chunk; rows >= rows_valid add zeros (dq_chunk_add). The
 // caller synchronises the block before the call (sds is free) and before sds or sK is
 // written again.
-template <typename T, int D, int kS>
-__device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kS / 8][4], T* sds, uint32_t sK_addr,
+template <typename T, int D, int kS, int kKM, int kNT>
+__device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kKM][kNT][4], T* sds,
+                                               uint32_t sK_addr, int key_w, int row_w,
                                                float* acc, int col_chunks, int rows_valid,
                                                int hd, const LdsmLane<D>& lds_a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // The lane's (key warp*16 + g + 8 hf, rows 8 nt + 2t ..) at byte `ds_at ^ 16 nt` +
-  // 1024 hf (kS = 64: sds and so every key's row 128-byte aligned, the swizzle term g
-  // in bits 4-6 of `ds_at`, 4t below them) or `ds_at + 16 nt + 256 hf` (kS = 16): one
-  // instruction an address; ds_offset's arithmetic per store took ~70 instructions a
-  // tile (d128).
-  const uint32_t ds_at = smem_addr(sds) + 2u * uint32_t(ds_offset<kS>(warp * 16 + g, 0) + 2 * t);
+  // The lane's (key key_w + 16 m + g + 8 hf, rows row_w + 8 nt + 2t ..) at byte
+  // `ds_at ^ 16 nt` + 128 (16 m + 8 hf) (kS = 64: sds and so every key's row 128-byte
+  // aligned, the swizzle term g in bits 4-6 of `ds_at`, 4t below them; row_w / 8 is
+  // 0 or 4 and nt < 4 when both are set, so their chunk bits do not meet) or
+  // `ds_at + 16 nt + 32 (16 m + 8 hf)` (kS = 16): one instruction an address;
+  // ds_offset's arithmetic per store took ~70 instructions a tile (d128).
+  const uint32_t ds_at =
+      smem_addr(sds) + 2u * uint32_t(ds_offset<kS>(key_w + g, row_w / 8) + 2 * t);
 #pragma unroll
-  for (int nt = 0; nt < kS / 8; ++nt) {
+  for (int m = 0; m < kKM; ++m) {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const uint32_t x = pack2<T>(ds[nt][2 * hf], ds[nt][2 * hf + 1]);
-      const uint32_t addr = (kS == 64 ? ds_at ^ (16u * nt) : ds_at + 16u * nt) + 16u * kS * hf;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const uint32_t x = pack2<T>(ds[m][nt][2 * hf], ds[m][nt][2 * hf + 1]);
+        const uint32_t addr =
+            (kS == 64 ? ds_at ^ (16u * nt) : ds_at + 16u * nt) + 2u * kS * (16 * m + 8 * hf);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
+      }
     }
   }
   __syncthreads();
@@ -410,8 +449,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   using namespace sm80;
   constexpr int kB = kBwdBlock;             // keys of the block
   constexpr int kS = bwd_stream_block(D);   // query rows of a streamed tile
-  constexpr int kNT = kS / 8;  // n8 tiles of S^T (query rows) per warp
-  constexpr int kDT = D / 8;   // n8 tiles of dK, dV
+  // The warps' grid over a tile's kB keys x kS rows (sm80_tiles.h, bwd_key_mtiles):
+  // kKM m16 tiles of keys and kSW rows a warp.
+  constexpr int kKM = bwd_key_mtiles(D), kKeyWarps = kB / (16 * kKM);
+  constexpr int kRowWarps = kWarps / kKeyWarps, kSW = kS / kRowWarps;
+  constexpr int kNT = kSW / 8;  // n8 tiles of S^T (query rows) per warp
+  constexpr int kDT = D / 8;    // n8 tiles of dK, dV
   constexpr bool kDV = kGrads & kGradDV, kDK = kGrads & kGradDK;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
@@ -437,6 +480,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   const int keys_valid = s.num_k - n0;  // keys past seqused_k take no part
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // the warp's keys key_w .. key_w + 16 kKM - 1 of the block and rows row_w .. row_w +
+  // kSW - 1 of each tile (row_w a constant 0 with one row warp: ptxas cannot know that
+  // warp < kWarps)
+  const int key_w = kRowWarps > 1 ? (warp % kKeyWarps) * 16 * kKM : warp * 16;
+  const int row_w = kRowWarps > 1 ? (warp / kKeyWarps) * kSW : 0;
   const LdsmLane<D> lds_a = LdsmLane<D>::a_operand(lane), lds_b = LdsmLane<D>::b_operand(lane);
   const uint32_t sK_addr = smem_addr(sK), sV_addr = smem_addr(sV), sQ_addr = smem_addr(sQ),
                  sdO_addr = smem_addr(sdO), sLse_addr = smem_addr(sLse),
@@ -491,7 +539,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
     cp_async_commit();
   };
 
-  float dk[kDK ? kDT : 1][4] = {}, dv[kDV ? kDT : 1][4] = {};
+  float dk[kKM][kDK ? kDT : 1][4] = {}, dv[kKM][kDV ? kDT : 1][4] = {};
   int64_t h_prev = -1;
   BwdScore sc_mod{};
   // On the atomic-dQ path the key blocks of a head start at different tiles (and wrap
@@ -520,19 +568,21 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
                         capped};
     }
 
-    // S^T = K Q^T and (for dK) dP^T = V dO^T for the warp's 16 keys x kS rows.
+    // S^T = K Q^T and (for dK) dP^T = V dO^T for the warp's keys x rows.
     const uint32_t tQ = sQ_addr + 2u * uint32_t(stage * kS * D);
     const uint32_t tdO = sdO_addr + 2u * uint32_t(stage * kS * D);
-    float st[kNT][4] = {}, dpt[kNT][4] = {};
-    two_products<T, D, kS, kDK>(st, dpt, sK_addr, sV_addr, tQ, tdO, warp, lds_a, lds_b);
+    float st[kKM][kNT][4] = {}, dpt[kKM][kNT][4] = {};
+    two_products<T, D, kKM, kSW, kDK>(st, dpt, sK_addr, sV_addr, key_w, tQ, tdO, row_w, lds_a,
+                                      lds_b);
 
-    // P^T and dS^T. Element (hf, nt, e): key n0 + warp*16 + g + 8 hf, row i0 + 8 nt + 2t + e.
+    // P^T and dS^T. Element (m, hf, nt, e): key n0 + key_w + 16 m + g + 8 hf, row i0 +
+    // row_w + 8 nt + 2t + e.
     // The common tile (inside every mask, no softcap, no ALiBi) is a copy of its own:
     // per element an FFMA, the exp2, an FADD and an FMUL (the general body tests the
     // mask, softcap and ALiBi per element, ~20 instructions).
     const bool mask = (i0 < full_lo) | (i0 + kS > full_hi);
-    const float* lse_t = sLse + stage * kS;
-    const float* del_t = sDelta + stage * kS;
+    const float* lse_t = sLse + stage * kS + row_w;
+    const float* del_t = sDelta + stage * kS + row_w;
     // Called with a constant: inlined, each call is a copy specialised on it.
     // Masked tiles without softcap or ALiBi (causal and window edges, a sequence's
     // last tile) as a copy of their own up to d64: each of the lane's two keys sees the
@@ -545,16 +595,20 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
     constexpr bool kMaskedCopy = D <= 64;
     enum { kProbFast, kProbMasked, kProbGeneral };
     auto probs = [&](const int kMode) {
-      int vis_lo[2] = {0, 0}, vis_hi[2] = {0, 0};
+      int vis_lo[kKM][2] = {}, vis_hi[kKM][2] = {};
       if (kMode == kProbMasked) {
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          // the rows below i_hi that see key `key` (none past num_k), relative to i0 + 2t
-          const int key = n0 + warp * 16 + g + 8 * hf, first = i0 + 2 * t;
-          int lo = 0, hi = 0;
-          if (key < s.num_k) win.row_range(key, key, s.offset, i_hi, &lo, &hi);
-          vis_lo[hf] = int(clamp64(lo - first, 0, kS));
-          vis_hi[hf] = int(clamp64(hi - first, 0, kS));
+        for (int m = 0; m < kKM; ++m) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            // the rows below i_hi that see key `key` (none past num_k), relative to the
+            // lane's first row
+            const int key = n0 + key_w + 16 * m + g + 8 * hf, first = i0 + row_w + 2 * t;
+            int lo = 0, hi = 0;
+            if (key < s.num_k) win.row_range(key, key, s.offset, i_hi, &lo, &hi);
+            vis_lo[m][hf] = int(clamp64(lo - first, 0, kSW));
+            vis_hi[m][hf] = int(clamp64(hi - first, 0, kSW));
+          }
         }
       }
 #pragma unroll
@@ -564,28 +618,32 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
         const float2 del = *reinterpret_cast<const float2*>(del_t + col);
         const float lse2[2] = {lse.x * kLog2e, lse.y * kLog2e}, dl[2] = {del.x, del.y};
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int key = n0 + warp * 16 + g + 8 * hf;
+        for (int m = 0; m < kKM; ++m) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = st[nt][2 * hf + e];
-            float& d = dpt[nt][2 * hf + e];
-            if (kMode == kProbFast) {
-              x = fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]));
-              if (kDK) d = x * (d - dl[e]);
-            } else if (kMode == kProbMasked) {
-              const int r = nt * 8 + e;
-              x = r >= vis_lo[hf] && r < vis_hi[hf] ? fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]))
-                                                   : 0.f;
-              if (kDK) d = x * (d - dl[e]);
-            } else {
-              const int i = i0 + col + e;
-              const int64_t pos = int64_t(i) + s.offset;
-              float grad;
-              float pr = sc_mod.prob(x, pos, key, lse2[e], &grad);
-              if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
-              x = pr;
-              if (kDK) d = pr * (d - dl[e]) * grad;
+          for (int hf = 0; hf < 2; ++hf) {
+            const int key = n0 + key_w + 16 * m + g + 8 * hf;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = st[m][nt][2 * hf + e];
+              float& d = dpt[m][nt][2 * hf + e];
+              if (kMode == kProbFast) {
+                x = fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]));
+                if (kDK) d = x * (d - dl[e]);
+              } else if (kMode == kProbMasked) {
+                const int r = nt * 8 + e;
+                x = r >= vis_lo[m][hf] && r < vis_hi[m][hf]
+                        ? fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]))
+                        : 0.f;
+                if (kDK) d = x * (d - dl[e]);
+              } else {
+                const int i = i0 + row_w + col + e;
+                const int64_t pos = int64_t(i) + s.offset;
+                float grad;
+                float pr = sc_mod.prob(x, pos, key, lse2[e], &grad);
+                if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
+                x = pr;
+                if (kDK) d = pr * (d - dl[e]) * grad;
+              }
             }
           }
         }
@@ -595,8 +653,9 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
     // probabilities lets ptxas interleave their exponentials with the mma (as in the
     // forward, flash/fwd_sm80.cuh).
     auto products = [&] {
-      if constexpr (kDV) product_pb<T, D, kS>(dv, st, tdO, lds_a);
-      if constexpr (kDK) product_pb<T, D, kS>(dk, dpt, tQ, lds_a);
+      const uint32_t rows_at = 2u * uint32_t(row_w * D);  // the warp's rows of dO and Q
+      if constexpr (kDV) product_pb<T, D, kKM, kSW>(dv, st, tdO + rows_at, lds_a);
+      if constexpr (kDK) product_pb<T, D, kKM, kSW>(dk, dpt, tQ + rows_at, lds_a);
     };
     const bool plain = !sc_mod.capped && sc_mod.slope == 0.f;
     if (plain && !mask) {
@@ -612,7 +671,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
     if (kDK && dq_acc) {  // dQ += dS K (block-uniform)
       __syncthreads();  // every warp is done with the tile's dO stage (dP^T, dV)
       T* sds = bwd_ds_in_dout(D) ? sdO + stage * kS * D : sDs;
-      dq_tile_atomic<T, D, kS>(dpt, sds, sK_addr,
+      dq_tile_atomic<T, D, kS>(dpt, sds, sK_addr, key_w, row_w,
                                bwd_dq_accum_rows(p, h, s, b, i0 / kAccChunkRows),
                                bwd_acc_col_chunks(hd), i_hi - i0, hd, lds_a);
     }
@@ -621,16 +680,58 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   __syncthreads();     // other threads' copies into this warp's rows of sK / sV too, and
                        // the other warps' dQ reads of sK done
 
-  // Keys [num_k, num_k_rows) own gradient rows too: they saw nothing, so theirs are 0.
-  const int rows = min(16, s.num_k_rows - n0 - warp * 16);
-  const int64_t off = (s.k_start + n0 + warp * 16) * kv_stride + int64_t(hk) * hd;
-  if constexpr (kDK) {
-    bwd_store_rows<T, D>(sK + warp * 16 * D, dk, p.softmax_scale, static_cast<T*>(p.dk) + off,
-                         kv_stride, rows, hd, vec);
+  // With two row warps (kRowWarps), each holds its keys' dK and dV summed over half of
+  // every tile's rows: the second passes its sums through the Q / dO stages (free now;
+  // 16-byte stores in lane order, no bank conflict), the first adds them and stores.
+  if constexpr (kRowWarps > 1) {
+    static_assert(kRowWarps == 2, "two row warps at most");
+    constexpr int kSums = kKM * kDT * ((kDK ? 1 : 0) + (kDV ? 1 : 0));  // float4 a lane
+    static_assert(kKeyWarps * kSums * 32 * 16 <= 2 * kStages * kS * D * int(sizeof(T)),
+                  "the dK / dV partial sums must fit the Q and dO stages");
+    float4* sums = reinterpret_cast<float4*>(sQ) + (key_w / (16 * kKM)) * kSums * 32 + lane;
+    const bool second = row_w != 0;
+    // the lane's dK then dV float4s, in one order for both warps
+    int i = 0;
+#pragma unroll
+    for (int m = 0; m < kKM; ++m) {
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        if constexpr (kDK) {
+          if (second) sums[32 * i] = make_float4(dk[m][dt][0], dk[m][dt][1], dk[m][dt][2], dk[m][dt][3]);
+          ++i;
+        }
+        if constexpr (kDV) {
+          if (second) sums[32 * i] = make_float4(dv[m][dt][0], dv[m][dt][1], dv[m][dt][2], dv[m][dt][3]);
+          ++i;
+        }
+      }
+    }
+    __syncthreads();
+    if (second) return;  // no block barrier follows
+    i = 0;
+#pragma unroll
+    for (int m = 0; m < kKM; ++m) {
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        if constexpr (kDK) add4(dk[m][dt], sums[32 * i++]);
+        if constexpr (kDV) add4(dv[m][dt], sums[32 * i++]);
+      }
+    }
   }
-  if constexpr (kDV) {
-    bwd_store_rows<T, D>(sV + warp * 16 * D, dv, 1.f, static_cast<T*>(p.dv) + off, kv_stride,
-                         rows, hd, vec);
+  // Keys [num_k, num_k_rows) own gradient rows too: they saw nothing, so theirs are 0.
+#pragma unroll
+  for (int m = 0; m < kKM; ++m) {
+    const int key = key_w + 16 * m;  // of the block
+    const int rows = min(16, s.num_k_rows - n0 - key);
+    const int64_t off = (s.k_start + n0 + key) * kv_stride + int64_t(hk) * hd;
+    if constexpr (kDK) {
+      bwd_store_rows<T, D>(sK + key * D, dk[m], p.softmax_scale, static_cast<T*>(p.dk) + off,
+                           kv_stride, rows, hd, vec);
+    }
+    if constexpr (kDV) {
+      bwd_store_rows<T, D>(sV + key * D, dv[m], 1.f, static_cast<T*>(p.dv) + off, kv_stride,
+                           rows, hd, vec);
+    }
   }
 }
 
@@ -731,7 +832,7 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
   win.keys_seen_by_all(m0, m_last, s.offset, s.num_k, &full_lo, &full_hi);
   full_hi = min(full_hi, n_hi);
 
-  float dq[kDT][4] = {};
+  float dq[1][kDT][4] = {};  // one m16 tile a warp
   for (int j = 0; j < tiles; ++j) {
     const int n0 = n_lo + j * kS, stage = j % kStages;
     cp_async_wait<0>();  // (Q, dO,) K_j, V_j
@@ -741,8 +842,8 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
     // S = Q K^T and dP = dO V^T for the warp's 16 rows x kS keys.
     const uint32_t tK = sK_addr + 2u * uint32_t(stage * kS * D);
     const uint32_t tV = sV_addr + 2u * uint32_t(stage * kS * D);
-    float sc[kNT][4] = {}, dp[kNT][4] = {};
-    two_products<T, D, kS>(sc, dp, sQ_addr, sdO_addr, tK, tV, warp, lds_a, lds_b);
+    float sc[1][kNT][4] = {}, dp[1][kNT][4] = {};
+    two_products<T, D, 1, kS>(sc, dp, sQ_addr, sdO_addr, warp * 16, tK, tV, 0, lds_a, lds_b);
 
     // dS in place of S. Element (hf, nt, e): row m0 + warp*16 + g + 8 hf, key n0 + 8 nt + 2t + e;
     // the common tile a copy of its own, as in the dkdv kernel.
@@ -756,8 +857,8 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float& x = sc[nt][2 * hf + e];
-            const float d = dp[nt][2 * hf + e];
+            float& x = sc[0][nt][2 * hf + e];
+            const float d = dp[0][nt][2 * hf + e];
             if (kFast) {
               x = fast_exp2(fmaf(x, mod.mul, -lse2[hf])) * (d - delta[hf]);
             } else {
@@ -774,15 +875,15 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
     // dQ += dS K, in each branch (as dV and dK above).
     if (!mask && !mod.capped && mod.slope == 0.f) {
       grads(true);
-      product_pb<T, D, kS>(dq, sc, tK, lds_a);
+      product_pb<T, D, 1, kS>(dq, sc, tK, lds_a);
     } else {
       grads(false);
-      product_pb<T, D, kS>(dq, sc, tK, lds_a);
+      product_pb<T, D, 1, kS>(dq, sc, tK, lds_a);
     }
   }
   cp_async_wait<0>();  // Q and dO when there was no tile
   __syncthreads();     // other threads' copies into this warp's rows of sQ too
-  bwd_store_rows<T, D>(sQ + warp * 16 * D, dq, p.softmax_scale,
+  bwd_store_rows<T, D>(sQ + warp * 16 * D, dq[0], p.softmax_scale,
                        static_cast<T*>(p.dq) + (row0 + warp * 16) * q_stride + int64_t(h) * hd,
                        q_stride, min(16, rows_valid - warp * 16), hd, vec);
 }

@@ -66,6 +66,15 @@ static_assert(smem_bytes(32) <= kMaxSmemOptin && smem_bytes(64) <= kMaxSmemOptin
 //   each, the price S^T = K Q^T computed twice (5 products per tile pair, not 4).
 constexpr int kBwdBlock = 64;
 XLA_ATTN_HOST_DEVICE constexpr int bwd_stream_block(int d) { return d <= 128 ? 64 : 16; }
+// The dk/dv kernel's warps over a tile's 64 keys x 64 rows: up to d64 a 2 x 2 grid of
+// 32 keys x 32 rows each (two m16 key tiles), from d96 on 4 x 1 of 16 keys x all rows.
+// Per warp and tile at d64 the 2 x 2 grid reads 34 KB of shared memory for the same
+// 160 mma, against 46 KB (92 ldmatrix.x4) at 16 keys x 64 rows: each B fragment
+// (Q, dO rows) serves two key tiles and each dO / Q row half the warps. ncu (H100, d64,
+// B=4, S=4096): the shared pipe at 68 % with 16 keys a warp, 1.29x FA2's wavefronts.
+// A warp then holds dK and dV of 32 keys (128 f32 at d64): from d96 on they no longer
+// fit beside S^T and dP^T, so the two row warps' partial sums meet once at the end.
+XLA_ATTN_HOST_DEVICE constexpr int bwd_key_mtiles(int d) { return d <= 64 ? 2 : 1; }
 XLA_ATTN_HOST_DEVICE constexpr bool bwd_split_grads(int d) { return d > 128; }
 // The atomic-dQ path (bwd_atomic_dq) passes each streamed tile's dS^T (64 keys x
 // bwd_stream_block rows, 16-bit) between warps through shared memory: in the tile's
