@@ -158,6 +158,24 @@ __device__ __forceinline__ void two_products(float (&acc0)[kM][kN / 8][4],
   }
 }
 
+// acc += A B^T for the warp's 16 rows x kN columns, A's fragments (all D / 16 k-steps)
+// held in registers, B rows 0 .. kN - 1 of the tile at b0 read as stored.
+template <typename T, int D, int kN>
+__device__ __forceinline__ void product_a_regs(float (&acc)[1][kN / 8][4],
+                                               const uint32_t (&a)[D / 16][4], uint32_t b0,
+                                               const LdsmLane<D>& lds_b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int nn = 0; nn < kN / 16; ++nn) {
+      uint32_t y[4];
+      ldsm_x4(y, lds_b(b0, nn * 16, kk));
+      mma_16816<T>(acc[0][2 * nn], a[kk], y[0], y[1]);
+      mma_16816<T>(acc[0][2 * nn + 1], a[kk], y[2], y[3]);
+    }
+  }
+}
+
 // acc += P B for the warp's kM m16 tiles: P (16 x kK each) from f32 accumulators,
 // rounded to T as A fragments (c0,c1 -> a0 / a2; c2,c3 -> a1 / a3, see fwd_sm80.cuh),
 // and B the kK x D tile at `b` (row-major: its B fragments by ldmatrix.trans, each
@@ -549,6 +567,20 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   const int first_tile = dq_acc && tiles > 0 ? key_block % tiles : 0;
   BwdTileCursor tile{first_tile / max(per_head, 1), first_tile % max(per_head, 1)};
   if (tiles > 0) issue(tile, 0);
+  // The d256 dV blocks keep the warp's K fragments (16 keys x 256: 64 registers) for
+  // every tile: with 16-row tiles S^T = K Q^T reloaded them once per 32 mma. H100
+  // (ncu, B=4, S=4096): shared wavefronts -11 %, instructions -13 %, fwd+bwd +1-3 %.
+  // The dK blocks (dK, S^T and dP^T live beside them) spilled 108 bytes (ptxas sm_90).
+  constexpr bool kKeyRegs = D == 256 && !kDK;
+  uint32_t kfrag[kKeyRegs ? D / 16 : 1][4];
+  if (kKeyRegs && tiles > 0) {
+    cp_async_wait<1>();  // K (tile 0 may still be in flight)
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < (kKeyRegs ? D / 16 : 0); ++kk) {
+      ldsm_x4(kfrag[kk], lds_a(sK_addr, key_w, kk));
+    }
+  }
   for (int it = 0; it < tiles; ++it, tile.advance(per_head, group)) {
     const int stage = it % kStages, h = hk * group + tile.head, i0 = i_lo + tile.row * kS;
     cp_async_wait<0>();  // K, V and tile `it`
@@ -572,8 +604,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
     const uint32_t tQ = sQ_addr + 2u * uint32_t(stage * kS * D);
     const uint32_t tdO = sdO_addr + 2u * uint32_t(stage * kS * D);
     float st[kKM][kNT][4] = {}, dpt[kKM][kNT][4] = {};
-    two_products<T, D, kKM, kSW, kDK>(st, dpt, sK_addr, sV_addr, key_w, tQ, tdO, row_w, lds_a,
-                                      lds_b);
+    if constexpr (kKeyRegs) {
+      product_a_regs<T, D, kSW>(st, kfrag, tQ, lds_b);
+    } else {
+      two_products<T, D, kKM, kSW, kDK>(st, dpt, sK_addr, sV_addr, key_w, tQ, tdO, row_w, lds_a,
+                                        lds_b);
+    }
 
     // P^T and dS^T. Element (m, hf, nt, e): key n0 + key_w + 16 m + g + 8 hf, row i0 +
     // row_w + 8 nt + 2t + e.
