@@ -112,4 +112,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// The A fragment (16 rows x 16 k) of two f32 accumulator n8 tiles side by side (c0, c1
+// -> a0 / a2; c2, c3 -> a1 / a3), rounded to T: a product's result as the next
+// product's A operand without a trip through shared memory (P V, dV += P^T dO, ...).
+template <typename T>
+__device__ __forceinline__ void accum_to_a(uint32_t (&a)[4], const float (&lo)[4],
+                                           const float (&hi)[4]) {
+  a[0] = pack2<T>(lo[0], lo[1]);
+  a[1] = pack2<T>(lo[2], lo[3]);
+  a[2] = pack2<T>(hi[0], hi[1]);
+  a[3] = pack2<T>(hi[2], hi[3]);
+}
+
 }  // namespace xla_attn::sm80

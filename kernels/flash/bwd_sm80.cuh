@@ -102,6 +102,9 @@ __device__ __forceinline__ void bwd_store_rows(T* stage, const float (&acc)[D / 
   }
 }
 
+__device__ __forceinline__ float4 as_float4(const float (&a)[4]) {
+  return make_float4(a[0], a[1], a[2], a[3]);
+}
 __device__ __forceinline__ void add4(float (&a)[4], const float4& x) {
   a[0] += x.x, a[1] += x.y, a[2] += x.z, a[3] += x.w;
 }
@@ -188,12 +191,7 @@ __device__ __forceinline__ void product_pb(float (&acc)[kM][D / 8][4],
   for (int kk = 0; kk < kK / 16; ++kk) {
     uint32_t a[kM][4];
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      a[m][0] = pack2<T>(pr[m][2 * kk][0], pr[m][2 * kk][1]);
-      a[m][1] = pack2<T>(pr[m][2 * kk][2], pr[m][2 * kk][3]);
-      a[m][2] = pack2<T>(pr[m][2 * kk + 1][0], pr[m][2 * kk + 1][1]);
-      a[m][3] = pack2<T>(pr[m][2 * kk + 1][2], pr[m][2 * kk + 1][3]);
-    }
+    for (int m = 0; m < kM; ++m) accum_to_a<T>(a[m], pr[m][2 * kk], pr[m][2 * kk + 1]);
 #pragma unroll
     for (int dd = 0; dd < D / 16; ++dd) {
       uint32_t y[4];  // dims dd*16 + 0..7: {y0, y1}; + 8..15: {y2, y3}
@@ -733,11 +731,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
         if constexpr (kDK) {
-          if (second) sums[32 * i] = make_float4(dk[m][dt][0], dk[m][dt][1], dk[m][dt][2], dk[m][dt][3]);
+          if (second) sums[32 * i] = as_float4(dk[m][dt]);
           ++i;
         }
         if constexpr (kDV) {
-          if (second) sums[32 * i] = make_float4(dv[m][dt][0], dv[m][dt][1], dv[m][dt][2], dv[m][dt][3]);
+          if (second) sums[32 * i] = as_float4(dv[m][dt]);
           ++i;
         }
       }

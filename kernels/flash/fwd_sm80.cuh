@@ -582,10 +582,7 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
           if (dd == 0) {
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
-              a[mt][0] = pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
-              a[mt][1] = pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
-              a[mt][2] = pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
-              a[mt][3] = pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+              accum_to_a<T>(a[mt], sc[mt][2 * kk], sc[mt][2 * kk + 1]);
             }
           }
           if (nx < kSteps) ldsm_x4_trans(bv[nx % 2], lds(tV, nx / kDD * 16, nx % kDD));
