@@ -4,7 +4,7 @@ Host platform agree with the float64 reference."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 import xla_attn
 from xla_attn.testing import reference as ref
@@ -86,8 +86,14 @@ def test_flash_varlen_paged_property(mk, cfg):
                                valid_rows=int(cu_q[-1]))
 
 
+# The example: one query row over two keys in bf16, where dS = P (dP - D) cancels and
+# D = dO . O from the bf16 output moved dq by 1.25 % against a reference taking D in
+# float64 (the reference now takes it from the rounded output, as the backward does).
 @settings(**(SETTINGS | dict(max_examples=15)))
 @given(cfg=varlen_configs())
+@example(cfg=dict(lens_q=[1, 0], lens_k=[10, 0], heads=1, heads_k=1, head_dim=16, pad_q=0,
+                  dtype="bfloat16", causal=False, window=(1, 0), softcap=0.0, alibi=None,
+                  scale=None, seed=0))
 def test_flash_varlen_grad_property(mk, cfg):
     if cfg["dtype"] == "float16":
         cfg = cfg | dict(dtype="float32")
@@ -107,7 +113,8 @@ def test_flash_varlen_grad_property(mk, cfg):
         return jnp.sum(out.astype(jnp.float32) * jd)
 
     got = jax.grad(loss, argnums=(0, 1, 2))(*map(jnp.asarray, (q, k, v)))
-    want = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, cfg["scale"], **kw)
+    want = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, cfg["scale"],
+                                         out_dtype=cfg["dtype"], **kw)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         err = ref.rel_error(np.asarray(g), w)
         assert err < ref.GRAD_BOUNDS[cfg["dtype"]], f"{name}: {err:.3g}"
