@@ -114,7 +114,7 @@ def test_flash_varlen_grad_property(mk, cfg):
 
     got = jax.grad(loss, argnums=(0, 1, 2))(*map(jnp.asarray, (q, k, v)))
     want = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, cfg["scale"],
-                                         out_dtype=cfg["dtype"], **kw)
+                                         out_dtype=mk.np_dtype(cfg["dtype"]), **kw)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         err = ref.rel_error(np.asarray(g), w)
         assert err < ref.GRAD_BOUNDS[cfg["dtype"]], f"{name}: {err:.3g}"

@@ -719,36 +719,35 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   // 16-byte stores in lane order, no bank conflict), the first adds them and stores.
   if constexpr (kRowWarps > 1) {
     static_assert(kRowWarps == 2, "two row warps at most");
-    constexpr int kSums = kKM * kDT * ((kDK ? 1 : 0) + (kDV ? 1 : 0));  // float4 a lane
+    constexpr int kHeld = (kDK ? 1 : 0) + (kDV ? 1 : 0);  // gradients a block holds
+    constexpr int kSums = kKM * kDT * kHeld;                // float4 a lane
     static_assert(kKeyWarps * kSums * 32 * 16 <= 2 * kStages * kS * D * int(sizeof(T)),
                   "the dK / dV partial sums must fit the Q and dO stages");
     float4* sums = reinterpret_cast<float4*>(sQ) + (key_w / (16 * kKM)) * kSums * 32 + lane;
+    // the lane's float4 of n8 tile dt of key tile m, dK (which 0) or dV: one slot for
+    // both warps
+    auto sum_at = [&](int m, int dt, int which) -> float4& {
+      return sums[32 * ((m * kDT + dt) * kHeld + which)];
+    };
     const bool second = row_w != 0;
-    // the lane's dK then dV float4s, in one order for both warps
-    int i = 0;
+    if (second) {
 #pragma unroll
-    for (int m = 0; m < kKM; ++m) {
+      for (int m = 0; m < kKM; ++m) {
 #pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        if constexpr (kDK) {
-          if (second) sums[32 * i] = as_float4(dk[m][dt]);
-          ++i;
-        }
-        if constexpr (kDV) {
-          if (second) sums[32 * i] = as_float4(dv[m][dt]);
-          ++i;
+        for (int dt = 0; dt < kDT; ++dt) {
+          if constexpr (kDK) sum_at(m, dt, 0) = as_float4(dk[m][dt]);
+          if constexpr (kDV) sum_at(m, dt, kHeld - 1) = as_float4(dv[m][dt]);
         }
       }
     }
     __syncthreads();
     if (second) return;  // no block barrier follows
-    i = 0;
 #pragma unroll
     for (int m = 0; m < kKM; ++m) {
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
-        if constexpr (kDK) add4(dk[m][dt], sums[32 * i++]);
-        if constexpr (kDV) add4(dv[m][dt], sums[32 * i++]);
+        if constexpr (kDK) add4(dk[m][dt], sum_at(m, dt, 0));
+        if constexpr (kDV) add4(dv[m][dt], sum_at(m, dt, kHeld - 1));
       }
     }
   }

@@ -139,7 +139,7 @@ def _sequence_backward(dout, q, k, v, scale, left, right, softcap, slopes, out_d
     """Analytic gradient of one sequence: with P = softmax(S), O = P V,
     dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)); softcap's
     S = c tanh(U / c) gives dU = dS * (1 - tanh^2); U = scale * Q K^T.
-    out_dtype: rowsum(P * dP) = rowsum(dO * O) taken with O rounded to that dtype, as
+    out_dtype (a numpy dtype): rowsum(P * dP) = rowsum(dO * O) taken with O rounded to it, as
     a backward that reads the forward's stored output computes it (FA2's)."""
     _, _, cache = _sequence_forward(q, k, v, scale, left, right, softcap, slopes)
     p, kh, vh, group = cache["p"], cache["kh"], cache["vh"], cache["group"]
@@ -148,8 +148,7 @@ def _sequence_backward(dout, q, k, v, scale, left, right, softcap, slopes, out_d
     if out_dtype is None:
         delta = (p * dp).sum(axis=2, keepdims=True)
     else:
-        rounded = ml_dtypes.bfloat16 if out_dtype == "bfloat16" else out_dtype
-        o = np.einsum("hij,jhd->ihd", p, vh).astype(rounded).astype(np.float64)
+        o = np.einsum("hij,jhd->ihd", p, vh).astype(out_dtype).astype(np.float64)
         delta = np.einsum("ihd,ihd->hi", dout, o)[..., None]
     ds = p * (dp - delta)
     du = ds * (1.0 - cache["t"] ** 2) if cache["t"] is not None else ds
