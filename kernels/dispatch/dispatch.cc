@@ -1,5 +1,6 @@
 #include "dispatch/dispatch.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -84,6 +85,22 @@ int current_arch(std::string* error) {
     return -1;
   }
   return major * 10 + minor;
+}
+
+int shared_optin(std::string* error) {
+  int device = 0, bytes = 0;
+  cudaError_t st = cudaGetDevice(&device);
+  if (st == cudaSuccess) {
+    st = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (st != cudaSuccess) {
+    *error = std::string("xla_attn: cannot query the current CUDA device: ") + cudaGetErrorString(st);
+    return -1;
+  }
+  if (const char* cap = std::getenv("XLA_ATTN_SMEM_OPTIN"); cap && *cap) {
+    bytes = std::min(bytes, std::atoi(cap));
+  }
+  return bytes;
 }
 
 cudaKernel_t kernel(const VariantEntry& variant, std::string* error) {

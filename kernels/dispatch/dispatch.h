@@ -49,6 +49,11 @@ const VariantEntry* select(const Query& query, std::string* error);
 // Compute capability of the current device as major * 10 + minor, or -1 with error.
 int current_arch(std::string* error);
 
+// Shared memory one block of the current device may opt in to (bytes), or -1 with
+// error; at most XLA_ATTN_SMEM_OPTIN when that is set (tests run the tile sets of
+// GPUs with less, e.g. sm_86's 99 KB, on larger ones).
+int shared_optin(std::string* error);
+
 // Loads (once per process) the variant's module and returns its kernel handle.
 cudaKernel_t kernel(const VariantEntry& variant, std::string* error);
 

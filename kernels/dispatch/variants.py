@@ -202,9 +202,9 @@ SM80_BWD_HEAD_BUCKETS = ((2, 32),) + SM80_HEAD_BUCKETS[1:]
 
 def _flash_bwd_sm80_variants():
     # Tensor-core backward (kernels/flash/bwd_sm80.cuh), f16 and bf16: dq and dkdv per
-    # bucket, 2 x 2 x 5 = 20, plus per dtype the D = dO . O pass and the conversion of
-    # the atomic path's f32 dQ: 4. Preferred over the portable kernels wherever they
-    # match.
+    # bucket, 2 x 2 x 5 = 20, plus per dtype the paired d256 dk/dv kernel, the D = dO .
+    # O pass and the conversion of the atomic path's f32 dQ: 6. Preferred over the
+    # portable kernels wherever they match.
     features = ALL_FEATURES & ~FEATURES["paged"] & ~FEATURES["fp8"]
     for kind, dt, (lo, hi) in itertools.product(("dq", "dkdv"), ("f16", "bf16"),
                                                 SM80_BWD_HEAD_BUCKETS):
@@ -214,6 +214,16 @@ def _flash_bwd_sm80_variants():
             template=f"xla_attn::flash_bwd_{kind}_sm80<{DTYPES[dt][1]}, {hi}>",
             params="xla_attn_flash_bwd_params", dtype0=dt, dtype1=dt, head_dim_min=lo,
             head_dim_max=hi, features=features, priority=10, threads=128)
+    # d256's paired dk/dv kernel (8 warps; sm80_tiles.h, bwd_paired_smem_bytes), which
+    # the launcher takes where the device lets a block opt in to its shared memory.
+    for dt in ("f16", "bf16"):
+        lo, hi = SM80_BWD_HEAD_BUCKETS[-1]
+        yield Variant(
+            op="flash_bwd_dkdv_paired", family="sm80", module="flash_bwd_sm80",
+            kernel=f"xla_attn_flash_bwd_dkdv_paired_sm80_{dt}_d{hi}",
+            template=f"xla_attn::flash_bwd_dkdv_paired_sm80<{DTYPES[dt][1]}, {hi}>",
+            params="xla_attn_flash_bwd_params", dtype0=dt, dtype1=dt, head_dim_min=lo,
+            head_dim_max=hi, features=features, priority=10, threads=256)
     for kind, dt in itertools.product(("delta", "dq_convert"), ("f16", "bf16")):
         yield Variant(
             op=f"flash_bwd_{kind}", family="sm80", module="flash_bwd_sm80",

@@ -161,20 +161,29 @@ __device__ __forceinline__ void two_products(float (&acc0)[kM][kN / 8][4],
   }
 }
 
-// acc += A B^T for the warp's 16 rows x kN columns, A's fragments (all D / 16 k-steps)
-// held in registers, B rows 0 .. kN - 1 of the tile at b0 read as stored.
-template <typename T, int D, int kN>
+// acc += A B^T for the warp's 16 rows x kN columns, A's fragments of the first kRegs
+// k-steps held in registers (a), those of the rest read from rows a_row .. of the tile
+// at a0, B rows 0 .. kN - 1 of the tile at b0 read as stored.
+template <typename T, int D, int kN, int kRegs>
 __device__ __forceinline__ void product_a_regs(float (&acc)[1][kN / 8][4],
-                                               const uint32_t (&a)[D / 16][4], uint32_t b0,
+                                               const uint32_t (&a)[kRegs][4], uint32_t a0,
+                                               int a_row, uint32_t b0, const LdsmLane<D>& lds_a,
                                                const LdsmLane<D>& lds_b) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t ak[4];
+    if (kk < kRegs) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ak[i] = a[kk < kRegs ? kk : 0][i];
+    } else {
+      ldsm_x4(ak, lds_a(a0, a_row, kk));
+    }
 #pragma unroll
     for (int nn = 0; nn < kN / 16; ++nn) {
       uint32_t y[4];
       ldsm_x4(y, lds_b(b0, nn * 16, kk));
-      mma_16816<T>(acc[0][2 * nn], a[kk], y[0], y[1]);
-      mma_16816<T>(acc[0][2 * nn + 1], a[kk], y[2], y[3]);
+      mma_16816<T>(acc[0][2 * nn], ak, y[0], y[1]);
+      mma_16816<T>(acc[0][2 * nn + 1], ak, y[2], y[3]);
     }
   }
 }
@@ -206,15 +215,36 @@ __device__ __forceinline__ void product_pb(float (&acc)[kM][D / 8][4],
 }
 
 // Element offset of (key, 8-row chunk c) in the dS^T tile (kBwdBlock keys x kS rows):
-// swizzled as a D = 64 tile at kS = 64; at kS = 16 rows are 32 bytes apart, and an
-// ldmatrix phase (8 keys) meets a 2-way bank conflict.
+// swizzled as a D = kS tile at kS = 64 or 32 (the paired d256 kernel's); at kS = 16
+// rows are 32 bytes apart, and an ldmatrix phase (8 keys) meets a 2-way bank conflict.
 template <int kS>
 __device__ __forceinline__ int ds_offset(int key, int c) {
-  if constexpr (kS == 64) {
-    return swz<64>(key, c);
+  if constexpr (kS == 64 || kS == 32) {
+    return swz<kS>(key, c);
   } else {
     static_assert(kS == 16, "dS^T tile layout for 64- or 16-row tiles only");
     return key * kS + 8 * c;
+  }
+}
+
+// Named barriers (bar.sync / bar.arrive; 0 is __syncthreads') over kCount threads, for
+// the paired d256 kernel's two warp groups.
+template <int kId, int kCount>
+__device__ __forceinline__ void named_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}
+template <int kId, int kCount>
+__device__ __forceinline__ void named_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}
+// The barrier among the warps that run a block's dQ: all of them, or the paired
+// kernel's dK warps (threads 128-255), whose dV warps go on meanwhile.
+template <bool kPaired>
+__device__ __forceinline__ void dq_warps_sync() {
+  if constexpr (kPaired) {
+    named_sync<2, kWarps * 32>();
+  } else {
+    __syncthreads();
   }
 }
 
@@ -256,24 +286,28 @@ __device__ __forceinline__ void dq_chunk_add(float* at, const float (&q)[4][4]) 
 // layout, `ds`, as the dk/dv kernel's); the tile passes through shared memory
 // (`sds`) so that a warp can take whole rows of dS over all 64 keys: at kS = 64 warp w
 // takes rows 16w .. 16w + 15 and every column of dQ, at kS = 16 the 16 rows and
-// columns D/4 w .. (one red.global.add per element and tile either way: 4x fewer than
+// columns D/4 w .., at kS = 32 (paired) rows 16 (w % 2) .. and columns D/2 (w / 2) ..
+// (one red.global.add per element and tile either way: 4x fewer than
 // adding each warp's 16-key partial). Columns go in 32-column chunks, two at a time
 // (32 accumulators: the dk/dv kernel already holds 128 f32 of dK and dV), each added
 // as whole 128-byte lines into the accumulator's chunk layout (sm80_tiles.h,
 // kAccChunk). `acc` points at the tile's first chunk (16-row aligned) of the head,
 // `col_chunks` chunks a row chunk; rows >= rows_valid add zeros (dq_chunk_add). The
-// caller synchronises the block before the call (sds is free) and before sds or sK is
-// written again.
-template <typename T, int D, int kS, int kKM, int kNT>
+// kWarps warps of the block (kPaired: its dK warps, which synchronise among
+// themselves) take part. The caller makes sure sds is free before the call and that
+// nothing writes sds or sK before every such warp is done.
+template <typename T, int D, int kS, bool kPaired, int kKM, int kNT>
 __device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kKM][kNT][4], T* sds,
                                                uint32_t sK_addr, int key_w, int row_w,
                                                float* acc, int col_chunks, int rows_valid,
                                                int hd, const LdsmLane<D>& lds_a) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int warp = kPaired ? (threadIdx.x / 32) % kWarps : threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // The lane's (key key_w + 16 m + g + 8 hf, rows row_w + 8 nt + 2t ..) at byte
-  // `ds_at ^ 16 nt` + 128 (16 m + 8 hf) (kS = 64: sds and so every key's row 128-byte
+  // `ds_at ^ 16 nt` + 2 kS (16 m + 8 hf) (kS = 64: sds and so every key's row 128-byte
   // aligned, the swizzle term g in bits 4-6 of `ds_at`, 4t below them; row_w / 8 is
-  // 0 or 4 and nt < 4 when both are set, so their chunk bits do not meet) or
+  // 0 or 4 and nt < 4 when both are set, so their chunk bits do not meet; kS = 32:
+  // row_w = 0, the term (g / 2) % 4 in bits 4-5, the same for key + 8) or
   // `ds_at + 16 nt + 32 (16 m + 8 hf)` (kS = 16): one instruction an address;
   // ds_offset's arithmetic per store took ~70 instructions a tile (d128).
   const uint32_t ds_at =
@@ -286,12 +320,12 @@ __device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kKM][kNT][4], T
       for (int hf = 0; hf < 2; ++hf) {
         const uint32_t x = pack2<T>(ds[m][nt][2 * hf], ds[m][nt][2 * hf + 1]);
         const uint32_t addr =
-            (kS == 64 ? ds_at ^ (16u * nt) : ds_at + 16u * nt) + 2u * kS * (16 * m + 8 * hf);
+            (kS != 16 ? ds_at ^ (16u * nt) : ds_at + 16u * nt) + 2u * kS * (16 * m + 8 * hf);
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
       }
     }
   }
-  __syncthreads();
+  dq_warps_sync<kPaired>();
   constexpr int kRowGroups = kS / 16, kCols = D * kRowGroups / kWarps;
   static_assert(kCols % kAccChunkCols == 0, "dQ columns a warp takes must be whole chunks");
   const int rg = warp % kRowGroups, col0 = (warp / kRowGroups) * kCols;
@@ -458,20 +492,30 @@ struct BwdTileCursor {
 // one of them, so that its accumulators fit the registers.
 enum BwdGrads { kGradDV = 1, kGradDK = 2, kGradBoth = 3 };
 
-// Key block `key_block` (64 keys) of kv head blockIdx.y of sequence blockIdx.z.
-template <typename T, int D, int kGrads>
+// Key block `key_block` (64 keys) of kv head blockIdx.y of sequence blockIdx.z, by 4
+// warps. kPaired (sm80_tiles.h, bwd_paired_smem_bytes): the dV (kGrads = kGradDV,
+// threads 0-127) or the dK half (kGradDK, threads 128-255) of an 8-warp block; both
+// halves walk the same tiles and meet at the same block barriers. The dV half copies
+// every tile (it has 2 products a tile, the dK half 3) and passes P^T (times
+// softcap') to the dK half through sP, which waits for it at named barrier 1.
+template <typename T, int D, int kGrads, bool kPaired = false>
 __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_bwd_params& p,
                                                           int key_block) {
   using namespace sm80;
   constexpr int kB = kBwdBlock;             // keys of the block
-  constexpr int kS = bwd_stream_block(D);   // query rows of a streamed tile
+  // query rows of a streamed tile
+  constexpr int kS = kPaired ? bwd_paired_stream_block(D) : bwd_stream_block(D);
   // The warps' grid over a tile's kB keys x kS rows (sm80_tiles.h, bwd_key_mtiles):
   // kKM m16 tiles of keys and kSW rows a warp.
   constexpr int kKM = bwd_key_mtiles(D), kKeyWarps = kB / (16 * kKM);
   constexpr int kRowWarps = kWarps / kKeyWarps, kSW = kS / kRowWarps;
   constexpr int kNT = kSW / 8;  // n8 tiles of S^T (query rows) per warp
   constexpr int kDT = D / 8;    // n8 tiles of dK, dV
+  static_assert(!kPaired || (kKM == 1 && kRowWarps == 1),
+                "paired halves: 16 keys x all rows a warp");
   constexpr bool kDV = kGrads & kGradDV, kDK = kGrads & kGradDK;
+  static_assert(!kPaired || kGrads != kGradBoth, "a paired half holds one gradient");
+  constexpr bool kCopies = !kPaired || kDV;  // this warp group issues the copies
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kB * D;
@@ -480,6 +524,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   float* sLse = reinterpret_cast<float*>(sdO + kStages * kS * D);  // [kStages][kS], natural log
   float* sDelta = sLse + kStages * kS;                              // [kStages][kS]
   T* sDs = reinterpret_cast<T*>(sDelta + kStages * kS);  // [kB x kS] unless in the dO stage
+  // paired: the dV half's P^T (times softcap') for the dK half, f32 in lane order: float4
+  // (warp, n8 tile) of a lane at sP[(warp * kNT + nt) * 32 + lane]. After sDs (128-byte
+  // aligned: kS floats a stage, kS a multiple of 32).
+  float4* sP = reinterpret_cast<float4*>(sDs + kB * kS);
 
   const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
   const Sequence s = bwd_sequence(p, b);
@@ -490,12 +538,17 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   const T* k = static_cast<const T*>(p.k) + (s.k_start + n0) * kv_stride + int64_t(hk) * hd;
   const T* v = static_cast<const T*>(p.v) + (s.k_start + n0) * kv_stride + int64_t(hk) * hd;
   const float* delta_g = bwd_delta(p);  // flash_bwd_delta_sm80's
-  float* const dq_acc = kDK ? bwd_dq_accum(p) : nullptr;  // the atomic-dQ path
+  // The atomic-dQ path's accumulator: dK blocks (or halves) add into it; every block
+  // (both halves) starts its tiles on its 16-row chunks and staggers them.
+  float* const dq_acc = kDK ? bwd_dq_accum(p) : nullptr;
+  const bool atomic_dq = (kPaired ? bwd_dq_accum(p) : dq_acc) != nullptr;
   const Window win{p.window_left, p.window_right};
   const bool vec = bwd_vec(hd, p.q, p.k, p.v, p.dout, p.dk, p.dv);
   const int keys_valid = s.num_k - n0;  // keys past seqused_k take no part
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // (paired: numbered within its half)
+  const int warp = kPaired ? (threadIdx.x / 32) % kWarps : threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // the warp's keys key_w .. key_w + 16 kKM - 1 of the block and rows row_w .. row_w +
   // kSW - 1 of each tile (row_w a constant 0 with one row warp: ptxas cannot know that
   // warp < kWarps)
@@ -507,15 +560,17 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
                  sDelta_addr = smem_addr(sDelta);
   const RowCopier<D, kB> kv_copier(kv_stride);
   const RowCopier<D, kS> q_copier(q_stride);
-  bwd_load<D>(sK_addr, sK, kv_copier, k, kv_stride, keys_valid, hd, vec);
-  if (kDK) bwd_load<D>(sV_addr, sV, kv_copier, v, kv_stride, keys_valid, hd, vec);  // dP^T's
-  cp_async_commit();
+  if (kCopies) {
+    bwd_load<D>(sK_addr, sK, kv_copier, k, kv_stride, keys_valid, hd, vec);
+    if (kDK || kPaired) bwd_load<D>(sV_addr, sV, kv_copier, v, kv_stride, keys_valid, hd, vec);
+    cp_async_commit();
+  }
 
   int i_lo = 0, i_hi = 0;
   if (keys_valid > 0) win.row_range(n0, min(n0 + kB, s.num_k) - 1, s.offset, s.num_q, &i_lo, &i_hi);
   // The atomic path's tiles start on the accumulator's 16-row chunks; the rows added
   // in front see none of the block's keys (the mask zeroes them).
-  if (dq_acc) i_lo -= i_lo % kAccChunkRows;
+  if (atomic_dq) i_lo -= i_lo % kAccChunkRows;
   const int per_head = (i_hi - i_lo + kS - 1) / kS;
   // Rows [full_lo, full_hi) below i_hi see every key of the block: a tile inside them
   // with all kB keys present needs no element-wise mask. Two compares a tile; the same
@@ -562,20 +617,24 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   // around), so that they do not all add into the same dQ lines at once. The cursors
   // step by one tile: a division per tile (head and row from the tile's index) cost
   // ~40 instructions and 9 % of the d128 kernel's stall samples (ncu).
-  const int first_tile = dq_acc && tiles > 0 ? key_block % tiles : 0;
+  const int first_tile = atomic_dq && tiles > 0 ? key_block % tiles : 0;
   BwdTileCursor tile{first_tile / max(per_head, 1), first_tile % max(per_head, 1)};
-  if (tiles > 0) issue(tile, 0);
+  if (kCopies && tiles > 0) issue(tile, 0);
   // The d256 dV blocks keep the warp's K fragments (16 keys x 256: 64 registers) for
   // every tile: with 16-row tiles S^T = K Q^T reloaded them once per 32 mma. H100
   // (ncu, B=4, S=4096): shared wavefronts -11 %, instructions -13 %, fwd+bwd +1-3 %.
   // The dK blocks (dK, S^T and dP^T live beside them) spilled 108 bytes (ptxas sm_90).
-  constexpr bool kKeyRegs = D == 256 && !kDK;
-  uint32_t kfrag[kKeyRegs ? D / 16 : 1][4];
-  if (kKeyRegs && tiles > 0) {
+  // The paired dV half holds the first 8 of the 16 k-steps: 32-row tiles take 8 more
+  // accumulators and the P^T it passes on; all 16 spilled 136 bytes (ptxas sm_90),
+  // and with 0, 4 or 8 held the H100 harness (fwd+bwd d256) was within 1 %, 8 ahead.
+  constexpr int kKeySteps = kPaired ? 8 : D / 16;  // k-steps of K held
+  constexpr bool kKeyRegs = D == 256 && !kDK && kKeySteps > 0;
+  uint32_t kfrag[kKeyRegs ? kKeySteps : 1][4];
+  if ((kKeyRegs || kPaired) && tiles > 0) {  // paired: both halves meet here
     cp_async_wait<1>();  // K (tile 0 may still be in flight)
     __syncthreads();
 #pragma unroll
-    for (int kk = 0; kk < (kKeyRegs ? D / 16 : 0); ++kk) {
+    for (int kk = 0; kk < (kKeyRegs ? kKeySteps : 0); ++kk) {
       ldsm_x4(kfrag[kk], lds_a(sK_addr, key_w, kk));
     }
   }
@@ -583,7 +642,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
     const int stage = it % kStages, h = hk * group + tile.head, i0 = i_lo + tile.row * kS;
     cp_async_wait<0>();  // K, V and tile `it`
     __syncthreads();     // ... for every thread; tile it - 1 fully consumed
-    if (it + 1 < tiles) {
+    if (kCopies && it + 1 < tiles) {
       BwdTileCursor next = tile;
       next.advance(per_head, group);
       issue(next, (it + 1) % kStages);
@@ -603,7 +662,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
     const uint32_t tdO = sdO_addr + 2u * uint32_t(stage * kS * D);
     float st[kKM][kNT][4] = {}, dpt[kKM][kNT][4] = {};
     if constexpr (kKeyRegs) {
-      product_a_regs<T, D, kSW>(st, kfrag, tQ, lds_b);
+      product_a_regs<T, D, kSW>(st, kfrag, sK_addr, key_w, tQ, lds_a, lds_b);
+    } else if constexpr (kPaired && kDK) {  // dP^T only: S^T is the dV half's
+      two_products<T, D, kKM, kSW, false>(dpt, dpt, sV_addr, sV_addr, key_w, tdO, tdO, row_w,
+                                          lds_a, lds_b);
     } else {
       two_products<T, D, kKM, kSW, kDK>(st, dpt, sK_addr, sV_addr, key_w, tQ, tdO, row_w, lds_a,
                                         lds_b);
@@ -660,15 +722,16 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
             for (int e = 0; e < 2; ++e) {
               float& x = st[m][nt][2 * hf + e];
               float& d = dpt[m][nt][2 * hf + e];
+              // the paired dV half leaves P^T times softcap' for the dK half in d
               if (kMode == kProbFast) {
                 x = fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]));
-                if (kDK) d = x * (d - dl[e]);
+                d = kDK ? x * (d - dl[e]) : x;
               } else if (kMode == kProbMasked) {
                 const int r = nt * 8 + e;
                 x = r >= vis_lo[m][hf] && r < vis_hi[m][hf]
                         ? fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]))
                         : 0.f;
-                if (kDK) d = x * (d - dl[e]);
+                d = kDK ? x * (d - dl[e]) : x;
               } else {
                 const int i = i0 + row_w + col + e;
                 const int64_t pos = int64_t(i) + s.offset;
@@ -676,7 +739,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
                 float pr = sc_mod.prob(x, pos, key, lse2[e], &grad);
                 if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
                 x = pr;
-                if (kDK) d = pr * (d - dl[e]) * grad;
+                d = kDK ? pr * (d - dl[e]) * grad : pr * grad;
               }
             }
           }
@@ -687,12 +750,28 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
     // probabilities lets ptxas interleave their exponentials with the mma (as in the
     // forward, flash/fwd_sm80.cuh).
     auto products = [&] {
+      if constexpr (kPaired && kDV) {  // P^T (times softcap') to the dK half
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) sP[(warp * kNT + nt) * 32 + lane] = as_float4(dpt[0][nt]);
+        named_arrive<1, kPairedWarps * 32>();
+      }
       const uint32_t rows_at = 2u * uint32_t(row_w * D);  // the warp's rows of dO and Q
       if constexpr (kDV) product_pb<T, D, kKM, kSW>(dv, st, tdO + rows_at, lds_a);
       if constexpr (kDK) product_pb<T, D, kKM, kSW>(dk, dpt, tQ + rows_at, lds_a);
     };
     const bool plain = !sc_mod.capped && sc_mod.slope == 0.f;
-    if (plain && !mask) {
+    if constexpr (kPaired && kDK) {  // dS^T = (P^T softcap') (dP^T - D), P^T the dV half's
+      named_sync<1, kPairedWarps * 32>();
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const float4 pg = sP[(warp * kNT + nt) * 32 + lane];
+        const float2 del = *reinterpret_cast<const float2*>(del_t + nt * 8 + 2 * t);
+        float(&d)[4] = dpt[0][nt];
+        d[0] = pg.x * (d[0] - del.x), d[1] = pg.y * (d[1] - del.y);
+        d[2] = pg.z * (d[2] - del.x), d[3] = pg.w * (d[3] - del.y);
+      }
+      products();
+    } else if (plain && !mask) {
       probs(kProbFast);
       products();
     } else if (kMaskedCopy && plain) {
@@ -703,11 +782,14 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
       products();
     }
     if (kDK && dq_acc) {  // dQ += dS K (block-uniform)
-      __syncthreads();  // every warp is done with the tile's dO stage (dP^T, dV)
-      T* sds = bwd_ds_in_dout(D) ? sdO + stage * kS * D : sDs;
-      dq_tile_atomic<T, D, kS>(dpt, sds, sK_addr, key_w, row_w,
-                               bwd_dq_accum_rows(p, h, s, b, i0 / kAccChunkRows),
-                               bwd_acc_col_chunks(hd), i_hi - i0, hd, lds_a);
+      // Unpaired: every warp must be done with the tile's dO stage (dP^T, dV) first.
+      // Paired: sDs is the dK half's alone, its last reader (the previous tile's dQ)
+      // done at this tile's block barrier.
+      if (!kPaired) __syncthreads();
+      T* sds = !kPaired && bwd_ds_in_dout(D) ? sdO + stage * kS * D : sDs;
+      dq_tile_atomic<T, D, kS, kPaired>(dpt, sds, sK_addr, key_w, row_w,
+                                        bwd_dq_accum_rows(p, h, s, b, i0 / kAccChunkRows),
+                                        bwd_acc_col_chunks(hd), i_hi - i0, hd, lds_a);
     }
   }
   cp_async_wait<0>();  // K and V when there was no tile
@@ -781,6 +863,18 @@ __device__ void flash_bwd_dkdv_sm80(const xla_attn_flash_bwd_params& p) {
     }
   } else {
     flash_bwd_dkdv_sm80_block<T, D, kGradBoth>(p, blockIdx.x);
+  }
+}
+
+// The paired d256 kernel (sm80_tiles.h, bwd_paired_smem_bytes): 8 warps, grid (key
+// blocks, kv heads, batch + 1 padding block).
+template <typename T, int D>
+__device__ void flash_bwd_dkdv_paired_sm80(const xla_attn_flash_bwd_params& p) {
+  if (dkdv_padding_block<T>(p)) return;
+  if (threadIdx.x < sm80::kThreads) {
+    flash_bwd_dkdv_sm80_block<T, D, kGradDV, true>(p, blockIdx.x);
+  } else {
+    flash_bwd_dkdv_sm80_block<T, D, kGradDK, true>(p, blockIdx.x);
   }
 }
 

@@ -161,14 +161,36 @@ std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::
   constexpr int kB = sm80::kBwdBlock;
   const int bucket = sm80::head_bucket(p.head_dim);
   const size_t smem = size_t(sm80::bwd_smem_bytes(bucket));
-  const unsigned grads_split = sm80::bwd_split_grads(bucket) ? 2 : 1;  // dV and dK blocks
+  // d256: the paired dk/dv kernel where its shared memory fits a block (sm_80, sm_90),
+  // else a dV and a dK block per key block (sm80_tiles.h).
+  const dispatch::VariantEntry* dkdv_kernel = &dkdv;
+  size_t dkdv_smem = smem;
+  unsigned grads_split = 1;
+  if (sm80::bwd_split_grads(bucket)) {
+    const int optin = dispatch::shared_optin(&error);
+    if (optin < 0) return error;
+    const dispatch::VariantEntry* paired = nullptr;
+    if (optin >= sm80::bwd_paired_smem_bytes(bucket)) {
+      paired = dispatch::select(
+          {"flash_bwd_dkdv_paired", p.dtype, p.dtype, p.head_dim, features, arch}, &error);
+      if (paired && std::strcmp(paired->family, "sm80") != 0) paired = nullptr;
+    }
+    if (paired) {
+      dkdv_kernel = paired;
+      dkdv_smem = size_t(sm80::bwd_paired_smem_bytes(bucket));
+    } else {
+      grads_split = 2;
+    }
+  }
   if (p.total_q > 0) {  // 16 rows per delta block (its 4 warps x 4 rows)
     const dim3 grid(unsigned((p.total_q + 15) / 16), p.num_heads);
     if (!(error = dispatch::launch(*delta, grid, 0, stream, &p)).empty()) return error;
   }
   const dim3 dkdv_grid(unsigned((std::max(p.max_seqlen_k, 1) + kB - 1) / kB) * grads_split,
                        p.num_heads_k, p.batch + 1);
-  if (!(error = dispatch::launch(dkdv, dkdv_grid, smem, stream, &p)).empty()) return error;
+  if (!(error = dispatch::launch(*dkdv_kernel, dkdv_grid, dkdv_smem, stream, &p)).empty()) {
+    return error;
+  }
   // dq from the accumulator: a block per 16 rows (sm80::kAccChunkRows); else the dq kernel.
   const int rows = atomic_dq ? sm80::kAccChunkRows : kB;
   const dim3 dq_grid((std::max(p.max_seqlen_q, 1) + rows - 1) / rows, p.num_heads, p.batch + 1);

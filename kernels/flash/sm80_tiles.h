@@ -128,6 +128,29 @@ XLA_ATTN_HOST_DEVICE constexpr int64_t bwd_workspace_bytes(int64_t total_q, int 
 static_assert(bwd_smem_bytes(128) <= kMaxSmemOptin && bwd_smem_bytes(256) <= kMaxSmemOptin,
               "the sm80 backward's tiles exceed the 99 KB sm_86/89 allow a block");
 
+// d256 where a block may opt in to bwd_paired_smem_bytes (sm_80: 163 KB, sm_90: 227 KB;
+// not sm_86/89's 99 KB): one block of 8 warps per 64 keys instead of a dV and a dK
+// block. Warps 0-3 (16 keys each) compute S^T = K Q^T, P^T and dV += P^T dO; warps
+// 4-7 (the same keys) dP^T = V dO^T, then take P^T (times softcap') from the first
+// four through shared memory for dS^T, dK += dS^T Q and dQ += dS K. 5 products per
+// tile pair instead of 6 (S^T once), each Q / dO tile copied once for both
+// gradients, and 32-row tiles (twice the work between barriers): K + V 64 KB, two
+// stages of Q + dO 64 KB, P^T 8 KB (f32, so dS^T is rounded once, as in the split
+// kernel), dS^T 4 KB. 255 registers x 256 threads: one block an SM, 8 warps, as the
+// two 4-warp blocks of the split kernel.
+constexpr int kPairedWarps = 2 * kWarps;
+XLA_ATTN_HOST_DEVICE constexpr int bwd_paired_stream_block(int) { return 32; }
+XLA_ATTN_HOST_DEVICE constexpr int bwd_paired_p_bytes(int d) {
+  return 4 * kBwdBlock * bwd_paired_stream_block(d);
+}
+XLA_ATTN_HOST_DEVICE constexpr int bwd_paired_smem_bytes(int d) {
+  return 2 * d * (2 * kBwdBlock + 2 * kStages * bwd_paired_stream_block(d)) +
+         2 * kStages * bwd_paired_stream_block(d) * 4 + bwd_paired_p_bytes(d) +
+         2 * kBwdBlock * bwd_paired_stream_block(d);
+}
+static_assert(bwd_paired_smem_bytes(256) <= 163 * 1024,
+              "the paired d256 backward must fit the 163 KB an sm_80 block may opt in to");
+
 // Split-KV (flash-decoding), as in portable_tiles.h but for this family's occupancy:
 // at 24..96 KB of shared memory (and <= 255 registers) at least two blocks fit an SM
 // of an A100 (164 KB) or H100 (228 KB), so 2 x 132 blocks fill an H100. A constant,

@@ -163,10 +163,22 @@ def test_flash_backward(family, gpu_device, rng, mk, dtype, head_dim, feature):
 @pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap", "alibi"])
 @pytest.mark.parametrize("head_dim", [20, 64, 96, 100, 128, 200, 256])
 def test_flash_backward_long(family, gpu_device, rng, mk, head_dim, feature):
-    """Several 64-row and 64-key tiles per sequence (the sm80 backward's; 16-row and
-    16-key streamed tiles at d256, whose dV and dK blocks are separate), GQA 4, tile
+    """Several 64-row and 64-key tiles per sequence (the sm80 backward's; at d256 32-row
+    tiles in the paired kernel, 16-key tiles in the dq kernel), GQA 4, tile
     skipping and edge masks in both of its passes, head dims padded to a bucket and
     unaligned rows (20, 100, 200: element loads and stores)."""
+    _check_backward(gpu_device, rng, mk, "bfloat16", head_dim, feature, [300, 129, 1, 64, 0],
+                    [300, 200, 333, 64, 70], heads=4, heads_k=1)
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal_window_softcap", "alibi"])
+@pytest.mark.parametrize("head_dim", [200, 256])
+def test_flash_backward_d256_small_smem(gpu_device, rng, mk, monkeypatch, head_dim, feature):
+    """d256 where a block may opt in to 99 KB of shared memory (sm_86/89): separate dV
+    and dK blocks over 16-row tiles instead of the paired 8-warp kernel that sm_80 and
+    sm_90 run (XLA_ATTN_SMEM_OPTIN caps what the launcher sees)."""
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm80")
+    monkeypatch.setenv("XLA_ATTN_SMEM_OPTIN", str(99 * 1024))
     _check_backward(gpu_device, rng, mk, "bfloat16", head_dim, feature, [300, 129, 1, 64, 0],
                     [300, 200, 333, 64, 70], heads=4, heads_k=1)
 
