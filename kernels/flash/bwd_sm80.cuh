@@ -227,22 +227,35 @@ __device__ __forceinline__ int ds_offset(int key, int c) {
   }
 }
 
-// Named barriers (bar.sync / bar.arrive; 0 is __syncthreads') over kCount threads, for
-// the paired d256 kernel's two warp groups.
+// Barriers of the paired d256 kernel, whose two warp groups run different code: the
+// non-.aligned forms, which let the threads meet at different barrier instructions
+// (bar.sync, and so __syncthreads, is barrier.sync.aligned: every thread of the block
+// at the same instruction; compute-sanitizer's synccheck flagged the block barrier
+// the two halves reach from their own code). kCount threads of barrier kId (0: the
+// block's).
 template <int kId, int kCount>
 __device__ __forceinline__ void named_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+  asm volatile("barrier.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
 }
 template <int kId, int kCount>
 __device__ __forceinline__ void named_arrive() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+  asm volatile("barrier.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}
+// The block barrier of a dk/dv block: kPaired, both halves from their own code.
+template <bool kPaired>
+__device__ __forceinline__ void block_sync() {
+  if constexpr (kPaired) {
+    named_sync<0, sm80::kPairedWarps * 32>();
+  } else {
+    __syncthreads();
+  }
 }
 // The barrier among the warps that run a block's dQ: all of them, or the paired
 // kernel's dK warps (threads 128-255), whose dV warps go on meanwhile.
 template <bool kPaired>
 __device__ __forceinline__ void dq_warps_sync() {
   if constexpr (kPaired) {
-    named_sync<2, kWarps * 32>();
+    named_sync<2, sm80::kWarps * 32>();
   } else {
     __syncthreads();
   }
@@ -632,7 +645,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   uint32_t kfrag[kKeyRegs ? kKeySteps : 1][4];
   if ((kKeyRegs || kPaired) && tiles > 0) {  // paired: both halves meet here
     cp_async_wait<1>();  // K (tile 0 may still be in flight)
-    __syncthreads();
+    block_sync<kPaired>();
 #pragma unroll
     for (int kk = 0; kk < (kKeyRegs ? kKeySteps : 0); ++kk) {
       ldsm_x4(kfrag[kk], lds_a(sK_addr, key_w, kk));
@@ -640,8 +653,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
   }
   for (int it = 0; it < tiles; ++it, tile.advance(per_head, group)) {
     const int stage = it % kStages, h = hk * group + tile.head, i0 = i_lo + tile.row * kS;
-    cp_async_wait<0>();  // K, V and tile `it`
-    __syncthreads();     // ... for every thread; tile it - 1 fully consumed
+    cp_async_wait<0>();      // K, V and tile `it`
+    block_sync<kPaired>();  // ... for every thread; tile it - 1 fully consumed
     if (kCopies && it + 1 < tiles) {
       BwdTileCursor next = tile;
       next.advance(per_head, group);
@@ -792,9 +805,9 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
                                         bwd_acc_col_chunks(hd), i_hi - i0, hd, lds_a);
     }
   }
-  cp_async_wait<0>();  // K and V when there was no tile
-  __syncthreads();     // other threads' copies into this warp's rows of sK / sV too, and
-                       // the other warps' dQ reads of sK done
+  cp_async_wait<0>();      // K and V when there was no tile
+  block_sync<kPaired>();  // other threads' copies into this warp's rows of sK / sV too,
+                          // and the other warps' dQ reads of sK done
 
   // With two row warps (kRowWarps), each holds its keys' dK and dV summed over half of
   // every tile's rows: the second passes its sums through the Q / dO stages (free now;
