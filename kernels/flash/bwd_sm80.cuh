@@ -241,21 +241,13 @@ template <int kId, int kCount>
 __device__ __forceinline__ void named_arrive() {
   asm volatile("barrier.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
 }
-// The block barrier of a dk/dv block: kPaired, both halves from their own code.
-template <bool kPaired>
+// A dk/dv block's barriers: __syncthreads, or kPaired barrier kId over kCount threads:
+// the block's (0, both halves from their own code), or the dK half's before its dQ
+// (2; the dV half goes on meanwhile).
+template <bool kPaired, int kId = 0, int kCount = sm80::kPairedWarps * 32>
 __device__ __forceinline__ void block_sync() {
   if constexpr (kPaired) {
-    named_sync<0, sm80::kPairedWarps * 32>();
-  } else {
-    __syncthreads();
-  }
-}
-// The barrier among the warps that run a block's dQ: all of them, or the paired
-// kernel's dK warps (threads 128-255), whose dV warps go on meanwhile.
-template <bool kPaired>
-__device__ __forceinline__ void dq_warps_sync() {
-  if constexpr (kPaired) {
-    named_sync<2, sm80::kWarps * 32>();
+    named_sync<kId, kCount>();
   } else {
     __syncthreads();
   }
@@ -338,7 +330,7 @@ __device__ __forceinline__ void dq_tile_atomic(const float (&ds)[kKM][kNT][4], T
       }
     }
   }
-  dq_warps_sync<kPaired>();
+  block_sync<kPaired, 2, kWarps * 32>();
   constexpr int kRowGroups = kS / 16, kCols = D * kRowGroups / kWarps;
   static_assert(kCols % kAccChunkCols == 0, "dQ columns a warp takes must be whole chunks");
   const int rg = warp % kRowGroups, col0 = (warp / kRowGroups) * kCols;
