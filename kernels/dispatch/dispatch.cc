@@ -94,7 +94,8 @@ int shared_optin(std::string* error) {
     st = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   }
   if (st != cudaSuccess) {
-    *error = std::string("xla_attn: cannot query the current CUDA device: ") + cudaGetErrorString(st);
+    *error =
+        std::string("xla_attn: cannot query the current CUDA device: ") + cudaGetErrorString(st);
     return -1;
   }
   if (const char* cap = std::getenv("XLA_ATTN_SMEM_OPTIN"); cap && *cap) {

@@ -8,14 +8,16 @@
 //                         at the start of the dq buffer (scratch: dq is written last;
 //                         hd >= 2 makes it fit).
 //   flash_bwd_dkdv_sm80   one block per (64 keys, kv head): K and V stay in shared
-//                         memory while tiles of Q, dO, lse and D (64 rows; 16 at d256,
-//                         see sm80_tiles.h) of every query head of the GQA group stream
+//                         memory while tiles of Q, dO, lse and D (64 rows; at d256 32
+//                         or 16, see sm80_tiles.h) of every query head of the GQA group stream
 //                         through two stages. Per tile and warp (16 keys): S^T = K Q^T
 //                         and dP^T = V dO^T, then
 //                         P^T = exp(S^T - lse), dS^T = P^T (dP^T - D) softcap'(S), and
 //                         dV += P^T dO, dK += dS^T Q with P^T, dS^T straight from the
 //                         accumulators as A fragments (see fwd_sm80.cuh). At d256 a
-//                         key block is two blocks, one accumulating dV, one dK. With a
+//                         key block is one 8-warp block whose halves accumulate dV and
+//                         dK (flash_bwd_dkdv_paired_sm80, sm_80 / sm_90), or where
+//                         shared memory is short two blocks, one for each. With a
 //                         workspace, dQ += dS K too, added into the f32 accumulator
 //                         (dq_tile_atomic): 5 matrix products per tile pair, as FA2.
 //   flash_bwd_dq_convert_sm80  with a workspace: dq = scale * the accumulator.
