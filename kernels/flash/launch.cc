@@ -161,17 +161,20 @@ std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::
   constexpr int kB = sm80::kBwdBlock;
   const int bucket = sm80::head_bucket(p.head_dim);
   const size_t smem = size_t(sm80::bwd_smem_bytes(bucket));
-  // The paired dk/dv kernel where this build has one for the head dim and its shared
-  // memory fits a block (sm_80, sm_90), else the 4-warp one: at d256 a dV and a dK
-  // block per key block (sm80_tiles.h).
-  const int optin = dispatch::shared_optin(&error);
-  if (optin < 0) return error;
+  // d256 (the split dV / dK blocks' bucket, the only one with a paired kernel): the
+  // paired dk/dv kernel where its shared memory fits a block (sm_80, sm_90), else a dV
+  // and a dK block per key block (sm80_tiles.h). Other head dims skip the device query
+  // and the table search.
   const dispatch::VariantEntry* paired = nullptr;
-  if (optin >= sm80::bwd_paired_smem_bytes(bucket)) {
-    std::string no_paired;  // none for this head dim: not an error
-    paired = dispatch::select(
-        {"flash_bwd_dkdv_paired", p.dtype, p.dtype, p.head_dim, features, arch}, &no_paired);
-    if (paired && std::strcmp(paired->family, "sm80") != 0) paired = nullptr;
+  if (sm80::bwd_split_grads(bucket)) {
+    const int optin = dispatch::shared_optin(&error);
+    if (optin < 0) return error;
+    if (optin >= sm80::bwd_paired_smem_bytes(bucket)) {
+      std::string no_paired;  // a build without it: not an error, the split kernel runs
+      paired = dispatch::select(
+          {"flash_bwd_dkdv_paired", p.dtype, p.dtype, p.head_dim, features, arch}, &no_paired);
+      if (paired && std::strcmp(paired->family, "sm80") != 0) paired = nullptr;
+    }
   }
   const dispatch::VariantEntry* dkdv_kernel = paired ? paired : &dkdv;
   const size_t dkdv_smem = size_t(paired ? sm80::bwd_paired_smem_bytes(bucket) : smem);
