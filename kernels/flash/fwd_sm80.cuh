@@ -404,6 +404,8 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
   constexpr int kDT = D / 8;               // n8 tiles of O per m-tile
   constexpr int kChunks = D / 8;           // 16-byte chunks per row
   constexpr int kWarpRows = kWarps * 16;   // rows between a warp's m-tiles
+  constexpr bool kQInRegs = q_in_regs(D);
+  constexpr int kQRegSteps = kQInRegs ? D / 16 : 1;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);                   // [kBlockM x D], swizzled
   T* sK = sQ + smem_q_elems(D);                         // [kStages][kBlockN x D]
@@ -519,6 +521,20 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
     }
     cp_async_commit();
     bool absent = issue_kv(0, 0);
+    // Q's A fragments for the whole loop (q_in_regs): once Q has landed (the oldest of
+    // the three groups in flight), while K_0 and V_0 are still on their way.
+    uint32_t qf[kMT][kQRegSteps][4];
+    if constexpr (kQInRegs) {
+      cp_async_wait<2>();
+      __syncthreads();
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          ldsm_x4(qf[mt][kk], lds(sQ_addr, mt * kWarpRows + warp * 16, kk));
+        }
+      }
+    }
     for (int j = 0; j < tiles; ++j) {
       const int n0 = n_lo + j * kBlockN, stage = j % kStages;
       // In flight: (Q,) K_j, V_j, issued a whole tile ago. One barrier a tile: it
@@ -534,8 +550,8 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
       // past the range end, absent pages, or a causal / window edge crossing the tile.
       const bool mask = tile_absent | (n0 < full_lo) | (n0 + kBlockN > full_hi);
 
-      // S = Q K^T: per k16 step one ldmatrix.x4 of Q per m-tile, one of K per 16 keys,
-      // written one step ahead of the mma that read them (double-buffered fragments).
+      // S = Q K^T: per k16 step one ldmatrix.x4 of Q per m-tile (unless Q's fragments
+      // are held, q_in_regs), one of K per 16 keys, written one step ahead of the mma that read them (double-buffered fragments).
       // ncu on an H100 (d128) had found each mma waiting on the ldmatrix just before it
       // (1.22 short-scoreboard stall cycles per instruction, FA2 0.32); ptxas kept the
       // order only once the single barrier above freed the schedule (HMMA short-
@@ -547,7 +563,7 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
         uint32_t a[2][kMT][4], bk[2][kNN][4];  // bk: keys +0..7 {bk0, bk1}, +8..15 {bk2, bk3}
         auto load = [&](int kk) {
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
+          for (int mt = 0; mt < kMT && !kQInRegs; ++mt)
             ldsm_x4(a[kk % 2][mt], lds(sQ_addr, mt * kWarpRows + warp * 16, kk));
 #pragma unroll
           for (int nn = 0; nn < kNN; ++nn) ldsm_x4(bk[kk % 2][nn], lds_k(tK, nn * 16, kk));
@@ -560,8 +576,9 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
           for (int nn = 0; nn < kNN; ++nn) {
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
-              mma_16816<T>(sc[mt][2 * nn], a[kk % 2][mt], bk[kk % 2][nn][0], bk[kk % 2][nn][1]);
-              mma_16816<T>(sc[mt][2 * nn + 1], a[kk % 2][mt], bk[kk % 2][nn][2], bk[kk % 2][nn][3]);
+              const uint32_t(&qa)[4] = kQInRegs ? qf[mt][kk % kQRegSteps] : a[kk % 2][mt];
+              mma_16816<T>(sc[mt][2 * nn], qa, bk[kk % 2][nn][0], bk[kk % 2][nn][1]);
+              mma_16816<T>(sc[mt][2 * nn + 1], qa, bk[kk % 2][nn][2], bk[kk % 2][nn][3]);
             }
           }
         }

@@ -34,6 +34,19 @@ XLA_ATTN_HOST_DEVICE constexpr int block_m(int d) { return kWarps * 16 * m_tiles
 // and V fit the 99 KB that sm_86/89 allow one block (below).
 XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 64 : 32; }
 
+// Q's A fragments (m_tiles x d / 16 k-steps x 4 registers) held in registers for the
+// whole K/V loop instead of re-read from shared memory every tile (at d64 a fifth of a
+// warp's ldmatrix per tile), where they fit beside the O and S accumulators: f32-sized
+// registers O + S + Q = m_tiles x (d/2 + block_n/2 + d/4) = 112 / 160 / 104 at d32 / 64
+// / 96. H100 harness, bf16, forward: d64 S=16384 304 -> 320 TFLOP/s, S=2048 287 -> 300,
+// S=512 +1 %. Not at d128 (256: no room) nor d256 (208, no spill at sm_90 but 12-14 %
+// slower: S=16384 302 -> 261; more accumulators for S at d256 also lost 5 %). ptxas
+// for sm_80 / sm_86 then spills 20-24 bytes at d64 (about 3 local loads a tile, none
+// between the mma; sm_90: none), not measured on those GPUs.
+XLA_ATTN_HOST_DEVICE constexpr bool q_in_regs(int d) {
+  return m_tiles(d) * (d / 2 + block_n(d) / 2 + d / 4) <= 160;
+}
+
 // K/V tiles in flight: tile j + 1 is copied (cp.async) while tile j is computed.
 constexpr int kStages = 2;
 
