@@ -551,7 +551,8 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
       const bool mask = tile_absent | (n0 < full_lo) | (n0 + kBlockN > full_hi);
 
       // S = Q K^T: per k16 step one ldmatrix.x4 of Q per m-tile (unless Q's fragments
-      // are held, q_in_regs), one of K per 16 keys, written one step ahead of the mma that read them (double-buffered fragments).
+      // are held, q_in_regs), one of K per 16 keys, written one step ahead of the mma
+      // that read them (double-buffered fragments).
       // ncu on an H100 (d128) had found each mma waiting on the ldmatrix just before it
       // (1.22 short-scoreboard stall cycles per instruction, FA2 0.32); ptxas kept the
       // order only once the single barrier above freed the schedule (HMMA short-

@@ -39,8 +39,8 @@ XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 64 : 32; }
 // warp's ldmatrix per tile), where they fit beside the O and S accumulators: f32-sized
 // registers O + S + Q = m_tiles x (d/2 + block_n/2 + d/4) = 112 / 160 / 104 at d32 / 64
 // / 96. H100 harness, bf16, forward: d64 S=16384 304 -> 320 TFLOP/s, S=2048 287 -> 300,
-// S=512 +1 %. Not at d128 (256: no room) nor d256 (208, no spill at sm_90 but 12-14 %
-// slower: S=16384 302 -> 261; more accumulators for S at d256 also lost 5 %). ptxas
+// S=512 +1 %. Not at d128 (256: no room) nor d256 (208; ptxas sm_90 spilled 4 bytes,
+// 12-14 % slower: S=16384 302 -> 261; two accumulators per S tile there lost 3-7 %). ptxas
 // for sm_80 / sm_86 then spills 20-24 bytes at d64 (about 3 local loads a tile, none
 // between the mma; sm_90: none), not measured on those GPUs.
 XLA_ATTN_HOST_DEVICE constexpr bool q_in_regs(int d) {
