@@ -10,10 +10,24 @@ namespace xla_attn::dispatch {
 namespace {
 #include "kernel_table.inc"
 
-bool matches(const VariantEntry& v, const Query& q, const char* family) {
+// `families`: null (any), or a comma-separated list of family names.
+bool in_families(const char* family, const char* families) {
+  if (!families) return true;
+  const size_t n = std::strlen(family);
+  for (const char* at = families; *at;) {
+    const char* end = std::strchr(at, ',');
+    const size_t len = end ? size_t(end - at) : std::strlen(at);
+    if (len == n && std::strncmp(at, family, n) == 0) return true;
+    if (!end) break;
+    at = end + 1;
+  }
+  return false;
+}
+
+bool matches(const VariantEntry& v, const Query& q, const char* families) {
   return std::strcmp(v.op, q.op) == 0 && v.dtype0 == q.dtype0 && v.dtype1 == q.dtype1 &&
          q.head_dim >= v.head_dim_min && q.head_dim <= v.head_dim_max &&
-         (q.features & ~v.features) == 0 && (!family || std::strcmp(v.family, family) == 0);
+         (q.features & ~v.features) == 0 && in_families(v.family, families);
 }
 
 // Lowest real arch the module has a cubin for; the driver runs that cubin (same
@@ -68,7 +82,7 @@ const VariantEntry* select(const Query& q, std::string* error) {
     os << "xla_attn: no CUDA kernel for " << q.op << " with dtypes " << dtype_name(q.dtype0)
        << "->" << dtype_name(q.dtype1) << ", head_dim " << q.head_dim << ", features 0x"
        << std::hex << q.features << std::dec << " on sm_" << q.arch;
-    if (family) os << " in family '" << family << "' (XLA_ATTN_FORCE_FAMILY)";
+    if (family) os << " in families '" << family << "' (XLA_ATTN_FORCE_FAMILY)";
     os << "; this build has: " << describe_op(q.op);
     *error = os.str();
   }

@@ -41,8 +41,8 @@ struct Query {
   int arch;
 };
 
-// The matching variant with the highest priority (restricted to the family named by
-// XLA_ATTN_FORCE_FAMILY when set), or null with `error` naming the query and
+// The matching variant with the highest priority (restricted to the families named by
+// XLA_ATTN_FORCE_FAMILY, comma-separated, when set), or null with `error` naming the query and
 // listing what this build has for the op.
 const VariantEntry* select(const Query& query, std::string* error);
 

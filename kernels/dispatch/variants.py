@@ -7,7 +7,8 @@ messages (`python -m xla_attn info` and every "no kernel" error print it).
 A variant is one `extern "C" __global__` entry point: an op, a family (one
 generation of device code), the dtypes it takes, the head dims and features it
 covers and the archs it is built for. Selection prefers the highest `priority`
-among the variants that match; `XLA_ATTN_FORCE_FAMILY` restricts it to one family.
+among the variants that match; `XLA_ATTN_FORCE_FAMILY` restricts it to the families it
+names (comma-separated).
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ MODULES = (
     Module("flash_bwd_portable", "flash/bwd_portable.cuh", min_arch=70, ptx_archs=("70", "80")),
     Module("paged_decode", "paged/decode.cuh", min_arch=70, ptx_archs=("70", "80", "89")),
     Module("paged_decode_sm80", "paged/decode_sm80.cuh", min_arch=80, ptx_archs=("80", "89")),
+    # Bulk tensor copies (TMA) are sm_90 instructions: one cubin, from compute_90 PTX.
+    Module("paged_decode_sm90", "paged/decode_sm90.cuh", min_arch=90, ptx_archs=("90",)),
 )
 
 # Head-dim buckets of the portable family (kernels/flash/portable_tiles.h): the
@@ -286,8 +289,31 @@ def _paged_decode_sm80_variants():
             min_blocks=3 if kv.startswith("f8") else 2)
 
 
+def _paged_decode_sm90_variants():
+    # The Hopper decode kernel (kernels/paged/decode_sm90.cuh): decode_sm80's variants,
+    # tiles landed by TMA. Its own op, because it takes its own args (the caches' tensor
+    # maps): the launcher tries it first where the device is sm_90+ and the cache's block
+    # size is a multiple of 16 (a 16-key tile in one block), and falls back to
+    # paged_decode_mma otherwise.
+    for (q, kv), d in itertools.product(DECODE_DTYPES, (64, 128)):
+        yield Variant(
+            op="paged_decode_tma", family="decode_sm90", module="paged_decode_sm90",
+            kernel=f"xla_attn_paged_decode_sm90_{q}_{kv}_d{d}",
+            template=f"xla_attn::paged_decode_sm90<{DTYPES[q][1]}, {DTYPES[kv][1]}, {d}>",
+            params="xla_attn::decode_sm90::Args", dtype0=q, dtype1=kv, head_dim_min=d,
+            head_dim_max=d, features=ALL_FEATURES, priority=10, threads=128,
+            min_blocks=3 if kv.startswith("f8") else 2)  # decode_sm80's occupancy
+    for q, d in itertools.product(("f16", "bf16"), (64, 128)):  # its split merge, so that
+        yield Variant(                                          # the family covers splits
+            op="paged_decode_combine", family="decode_sm90", module="paged_decode_sm90",
+            kernel=f"xla_attn_paged_decode_combine_sm90_{q}_d{d}",
+            template=f"xla_attn::paged_decode_combine<{DTYPES[q][1]}, {d}>",
+            params="xla_attn::decode::Args", dtype0=q, dtype1=q, head_dim_min=d,
+            head_dim_max=d, features=ALL_FEATURES, priority=10, threads=128)
+
+
 VARIANTS = (tuple(_reshape_and_cache_flash_variants()) + tuple(_flash_fwd_variants())
             + tuple(_flash_fwd_sm80_variants())
             + tuple(_flash_bwd_sm80_variants())
             + tuple(_flash_bwd_variants()) + tuple(_paged_decode_variants())
-            + tuple(_paged_decode_sm80_variants()))
+            + tuple(_paged_decode_sm80_variants()) + tuple(_paged_decode_sm90_variants()))

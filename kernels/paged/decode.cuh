@@ -55,10 +55,11 @@ __device__ void fill_rows(const xla_attn_paged_attention_params& p, int hk, int6
   }
 }
 
-// Where a decode block (blockIdx: split, kv head, sequence) works, shared by both decode
+// Where a decode block (blockIdx: split, kv head, sequence) works, shared by the decode
 // kernels: its sequence, the GQA group's query rows (row r: query token r / group,
 // head r % group) and this split's keys [k_lo, k_hi), cut in whole steps of `step`
-// keys. locate() returns false for a block with nothing to do (the padding sequence
+// keys (k_lo a multiple of `align`: the first key rounds down, and the window masks the
+// keys before it). locate() returns false for a block with nothing to do (the padding sequence
 // index zeroes the rows past the last real sequence first; spans longer than max_q
 // belong to the flash forward).
 struct DecodeBlock {
@@ -68,7 +69,7 @@ struct DecodeBlock {
   int split, hk, b, group, total_rows, k_lo, k_hi;
 
   template <typename Q>
-  __device__ __forceinline__ bool locate(const Args& a, int step) {
+  __device__ __forceinline__ bool locate(const Args& a, int step, int align = 1) {
     const xla_attn_paged_attention_params& p = a.p;
     split = blockIdx.x;
     hk = blockIdx.y;
@@ -92,6 +93,7 @@ struct DecodeBlock {
     win = Window{p.sliding_window > 0 ? p.sliding_window - 1 : -1, 0};
     int lo, hi;
     win.key_range(0, s.num_q - 1, s.offset, s.num_k, &lo, &hi);
+    lo -= lo % align;
     const int per = ((hi - lo + a.num_splits - 1) / a.num_splits + step - 1) / step * step;
     k_lo = min(hi, lo + split * per);
     k_hi = min(hi, k_lo + per);

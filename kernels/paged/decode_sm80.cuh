@@ -90,46 +90,158 @@ __device__ __forceinline__ int o_col(int dt, int t, int e) {
 
 }  // namespace decode_sm80
 
-template <typename T, typename KV, int D>
-__device__ void paged_decode_sm80(const decode::Args& a) {
+namespace decode_sm80 {
+
+// A warp's K/V tiles through cp.async: stage i % kStages of the warp's shared memory
+// (decode_sm80::warp_smem_bytes) holds tile i (keys k_lo + (i * kWarps + warp) * 16 ..)
+// as stored, rows of kTileW 16-bit units swizzled as the flash kernels' tiles (swz), and
+// the physical rows of its keys. The kernel body (paged_decode_mma) asks a tile source
+// for: count(), start(), acquire(i) (tile i landed; the next one issued), the stage's
+// K and V shared addresses and their ldmatrix lane addresses, present(stage, jl, key)
+// (the key has a cache row), release() and drain().
+template <typename KV, int D>
+struct CpAsyncTiles {
+  using LdsmLane = sm80::LdsmLane<D * int(sizeof(KV)) / 2>;
+  static constexpr int kStages = stages(int(sizeof(KV)));
+  static constexpr int kTileW = D * int(sizeof(KV)) / 2;   // tile row width in 16-bit units
+  static constexpr int kChunks = D * int(sizeof(KV)) / 16;  // 16-byte chunks per cache row
+  static constexpr int kLoads = kTileKeys * kChunks / 32;   // cp.async per lane per tile
+  static constexpr int kStageBytes = stage_bytes(D, int(sizeof(KV)));
+  static_assert(kTileKeys * kChunks % 32 == 0, "a tile must spread evenly over a warp");
+  static_assert(32 % kChunks == 0, "a lane's chunks must share a column");
+  static constexpr int kRowStep = 32 / kChunks;
+
+  KeyRows keys;  // the block's fields by value: held by reference they were reloaded and
+                 // recomputed (the block table's shift) on every lookup
+  int b, k_lo, k_hi, warp, lane, my_tiles;
+  uint32_t sK, sV;  // shared addresses of stage 0's K and V tiles
+  int* sRow;        // [kStages][kTileKeys] physical rows, -1: none
+  const KV* kc_col;  // this lane's column of kv head hk's K and V rows (+ row * kv_stride)
+  const KV* vc_col;
+  int64_t kv_stride;
+  int cp_r0;
+  uint32_t cp_dst[kLoads];
+  int rows_ahead;
+  LdsmLane lds_k, lds_v;
+
+  __device__ __forceinline__ CpAsyncTiles(const xla_attn_paged_attention_params& p,
+                                          const decode::DecodeBlock& blk, unsigned char* smem,
+                                          int warp_, int lane_, int tiles)
+      : keys(blk.keys), b(blk.b), k_lo(blk.k_lo), k_hi(blk.k_hi), warp(warp_), lane(lane_),
+        my_tiles(tiles > warp_ ? (tiles - warp_ + kWarps - 1) / kWarps : 0),
+        lds_k(LdsmLane::b_operand(lane_)), lds_v(LdsmLane::a_operand(lane_)) {
+    unsigned char* mine = smem + warp * warp_smem_bytes(D, int(sizeof(KV)));
+    sK = sm80::smem_addr(mine);
+    sV = sK + kStages * kStageBytes;
+    sRow = reinterpret_cast<int*>(mine + 2 * kStages * kStageBytes);
+    // A lane's chunks: column cp_c of rows cp_r0 + it * kRowStep, at fixed shared
+    // offsets (computed once: inside the loop, ptxas recomputed them for every tile).
+    const int cp_c = lane % kChunks;
+    cp_r0 = lane / kChunks;
+#pragma unroll
+    for (int it = 0; it < kLoads; ++it) {
+      cp_dst[it] = 2u * uint32_t(sm80::swz<kTileW>(cp_r0 + it * kRowStep, cp_c));
+    }
+    kc_col = static_cast<const KV*>(p.key_cache) + int64_t(blk.hk) * D + cp_c * 16 / int(sizeof(KV));
+    vc_col = static_cast<const KV*>(p.value_cache) + int64_t(blk.hk) * D + cp_c * 16 / int(sizeof(KV));
+    kv_stride = int64_t(p.num_heads_k) * D;
+  }
+
+  __device__ __forceinline__ int count() const { return my_tiles; }
+
+  // Physical cache row of this lane's key (lanes 0..15) in tile i, -1 where there is
+  // none. A block-table read is a global load: acquire() looks tile i + kStages's rows
+  // up while tile i is computed, so the load's latency hides behind a tile instead of
+  // stalling the copies that need it (ncu, fp8 d128: 0.71 eligible warps per scheduler
+  // with the lookup in front of the copies).
+  __device__ __forceinline__ int lookup(int i) const {
+    const int key = k_lo + (i * kWarps + warp) * kTileKeys + lane;
+    return lane < kTileKeys && i < my_tiles && key < k_hi ? int(keys.row(b, 0, key)) : -1;
+  }
+
+  // Tile i into stage i % kStages: lanes 0..15 publish their keys' rows (the softmax
+  // reads them back for validity), then every lane copies kLoads 16-byte chunks of K
+  // and of V, taking each chunk's row from its lane by a shuffle; absent keys get zeros
+  // (a zero-byte cp.async). Read back from shared memory after a __syncwarp, with a
+  // branch per chunk for the zeros, the copies took ~25 instructions a chunk pair:
+  // a third of the d128 tile loop's ~780, and decode is latency-bound (ncu: 0.38
+  // eligible warps a scheduler), so every instruction between two tiles' copies counts.
+  __device__ __forceinline__ void issue(int i, int row_of_lane) {
+    const int stage = i % kStages;
+    if (lane < kTileKeys) sRow[stage * kTileKeys + lane] = row_of_lane;
+    const uint32_t tk = sK + uint32_t(stage * kStageBytes);
+    const uint32_t tv = sV + uint32_t(stage * kStageBytes);
+#pragma unroll
+    for (int it = 0; it < kLoads; ++it) {
+      const int row = __shfl_sync(0xffffffffu, row_of_lane, cp_r0 + it * kRowStep);
+      const int64_t at = int64_t(max(row, 0)) * kv_stride;
+      sm80::cp_async_16_or_zero(tk + cp_dst[it], kc_col + at, row >= 0);
+      sm80::cp_async_16_or_zero(tv + cp_dst[it], vc_col + at, row >= 0);
+    }
+  }
+
+  __device__ __forceinline__ void start() {
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (i < my_tiles) issue(i, lookup(i));
+      sm80::cp_async_commit();
+    }
+    rows_ahead = lookup(kStages - 1);  // tile kStages - 1's rows, in flight
+  }
+
+  // Issues tile i + kStages - 1 and waits for tile i; returns its stage.
+  __device__ __forceinline__ int acquire(int i) {
+    if (i + kStages - 1 < my_tiles) issue(i + kStages - 1, rows_ahead);
+    rows_ahead = lookup(i + kStages);
+    sm80::cp_async_commit();         // possibly empty: keeps the wait count uniform
+    sm80::cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
+    __syncwarp();                    // and every lane's
+    return i % kStages;
+  }
+
+  __device__ __forceinline__ uint32_t k_tile(int stage) const {
+    return sK + uint32_t(stage * kStageBytes);
+  }
+  __device__ __forceinline__ uint32_t v_tile(int stage) const {
+    return sV + uint32_t(stage * kStageBytes);
+  }
+  // ldmatrix lane addresses of k-step kk (16 units) of the K tile, of the V tile.
+  __device__ __forceinline__ uint32_t k_addr(uint32_t tk, int kk) const { return lds_k(tk, 0, kk); }
+  __device__ __forceinline__ uint32_t v_addr(uint32_t tv, int dd) const { return lds_v(tv, 0, dd); }
+  __device__ __forceinline__ bool present(int stage, int jl, int /*key*/) const {
+    return sRow[stage * kTileKeys + jl] >= 0;
+  }
+  // Every lane is done with the stage before it is refilled.
+  __device__ __forceinline__ void release() const { __syncwarp(); }
+  __device__ __forceinline__ void drain() const { sm80::cp_async_wait<0>(); }
+};
+
+}  // namespace decode_sm80
+
+// The decode kernel's body over a tile source (decode_sm80::CpAsyncTiles, or the TMA
+// tiles of paged/decode_sm90.cuh): block `blk`, keys in `tiles` 16-key tiles per block.
+template <typename T, typename KV, int D, class Tiles>
+__device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
+                                                 const decode::DecodeBlock& blk, Tiles& tiles,
+                                                 unsigned char* smem) {
   using namespace sm80;
   using decode_sm80::kTileKeys;
   using decode_sm80::kWarps;
   using Tc = typename decode_sm80::Compute<T, KV>::type;  // mma operand type
   constexpr bool kFp8 = sizeof(KV) == 1;
-  constexpr int kStages = decode_sm80::stages(int(sizeof(KV)));
   constexpr int kTileW = D * int(sizeof(KV)) / 2;       // tile row width in 16-bit units
-  constexpr int kChunks = D * int(sizeof(KV)) / 16;      // 16-byte chunks per cache row
-  constexpr int kLoads = kTileKeys * kChunks / 32;       // cp.async per lane per tile
   constexpr int kDT = D / 8;                             // n8 tiles of O
-  static_assert(kTileKeys * kChunks % 32 == 0, "a tile must spread evenly over a warp");
-  extern __shared__ __align__(128) unsigned char smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // This warp's shared memory (decode_sm80::warp_smem_bytes): kStages K stages and
-  // kStages V stages (cache rows as stored, swizzled as rows of kTileW 16-bit units),
-  // then the physical rows of each stage.
-  constexpr int kStageBytes = decode_sm80::stage_bytes(D, int(sizeof(KV)));
-  unsigned char* mine = smem + warp * decode_sm80::warp_smem_bytes(D, int(sizeof(KV)));
-  KV* sK = reinterpret_cast<KV*>(mine);
-  KV* sV = reinterpret_cast<KV*>(mine + kStages * kStageBytes);
-  int* sRow = reinterpret_cast<int*>(mine + 2 * kStages * kStageBytes);
 
   const xla_attn_paged_attention_params& p = a.p;
-  decode::DecodeBlock blk;
-  if (!blk.locate<T>(a, kTileKeys)) return;  // the split's share in whole tiles
-  const int split = blk.split, hk = blk.hk, b = blk.b, group = blk.group;
-  const int total_rows = blk.total_rows, k_lo = blk.k_lo, k_hi = blk.k_hi;
+  const int split = blk.split, hk = blk.hk, group = blk.group;
+  const int total_rows = blk.total_rows, k_lo = blk.k_lo;
   const Sequence& s = blk.s;
   const Window& win = blk.win;
-  const KeyRows& keys = blk.keys;
-  const int tiles = (k_hi - k_lo + kTileKeys - 1) / kTileKeys;
-  const int my_tiles = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;
+  const int my_tiles = tiles.count();
 
   const int64_t q_stride = int64_t(p.num_heads) * D;
-  const KV* kc = static_cast<const KV*>(p.key_cache) + int64_t(hk) * D;  // + row * kv_stride
-  const KV* vc = static_cast<const KV*>(p.value_cache) + int64_t(hk) * D;
   const float ks = decode::cache_scale<KV>(p.k_scale), vs = decode::cache_scale<KV>(p.v_scale);
-  const int64_t kv_stride = int64_t(p.num_heads_k) * D;
 
   // Scores in base 2 (see decode.cuh): x = dot * mul2, or cap2 * tanh(dot * mul).
   const bool capped = p.soft_cap > 0.f;
@@ -159,68 +271,12 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
     }
   }
 
-  // Physical cache row of this lane's key (lanes 0..15) in tile i of this warp (keys
-  // k_lo + (i * kWarps + warp) * 16 ...), -1 where there is none. A block-table read is
-  // a global load: the main loop looks tile i + kStages's rows up while it computes
-  // tile i, so the load's latency hides behind a tile instead of stalling the copies
-  // that need it (ncu, fp8 d128: 0.71 eligible warps per scheduler with the lookup
-  // in front of the copies).
-  auto lookup = [&](int i) {
-    const int key = k_lo + (i * kWarps + warp) * kTileKeys + lane;
-    return lane < kTileKeys && i < my_tiles && key < k_hi ? int(keys.row(b, 0, key)) : -1;
-  };
-  // Tile i into stage i % kStages: lanes 0..15 publish their keys' rows (the softmax
-  // reads them back for validity), then every lane copies kLoads 16-byte chunks of K
-  // and of V, taking each chunk's row from its lane by a shuffle; absent keys get zeros
-  // (a zero-byte cp.async). Read back from shared memory after a __syncwarp, with a
-  // branch per chunk for the zeros, the copies took ~25 instructions a chunk pair:
-  // a third of the d128 tile loop's ~780, and decode is latency-bound (ncu: 0.38
-  // eligible warps a scheduler), so every instruction between two tiles' copies counts.
-  // A lane's chunks: column cp_c of rows cp_r0 + it * kRowStep, at fixed shared offsets
-  // (computed once: inside the loop, ptxas recomputed them for every tile).
-  static_assert(32 % kChunks == 0, "a lane's chunks must share a column");
-  constexpr int kRowStep = 32 / kChunks;
-  const int cp_c = lane % kChunks, cp_r0 = lane / kChunks;
-  uint32_t cp_dst[kLoads];
-#pragma unroll
-  for (int it = 0; it < kLoads; ++it) {
-    cp_dst[it] = 2u * uint32_t(swz<kTileW>(cp_r0 + it * kRowStep, cp_c));
-  }
-  const KV* kc_col = kc + cp_c * 16 / int(sizeof(KV));
-  const KV* vc_col = vc + cp_c * 16 / int(sizeof(KV));
-  auto issue = [&](int i, int row_of_lane) {
-    const int stage = i % kStages;
-    if (lane < kTileKeys) sRow[stage * kTileKeys + lane] = row_of_lane;
-    const uint32_t tk = smem_addr(sK) + uint32_t(stage * kStageBytes);
-    const uint32_t tv = smem_addr(sV) + uint32_t(stage * kStageBytes);
-#pragma unroll
-    for (int it = 0; it < kLoads; ++it) {
-      const int row = __shfl_sync(0xffffffffu, row_of_lane, cp_r0 + it * kRowStep);
-      const int64_t at = int64_t(max(row, 0)) * kv_stride;
-      cp_async_16_or_zero(tk + cp_dst[it], kc_col + at, row >= 0);
-      cp_async_16_or_zero(tv + cp_dst[it], vc_col + at, row >= 0);
-    }
-  };
-
   float o[kDT][4] = {};
   float m[2] = {-XLA_ATTN_INF, -XLA_ATTN_INF}, l[2] = {0.f, 0.f};
-  const LdsmLane<kTileW> lds_k = LdsmLane<kTileW>::b_operand(lane);
-  const LdsmLane<kTileW> lds_v = LdsmLane<kTileW>::a_operand(lane);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < my_tiles) issue(i, lookup(i));
-    cp_async_commit();
-  }
-  int rows_ahead = lookup(kStages - 1);  // tile kStages - 1's rows, in flight
+  tiles.start();
   for (int i = 0; i < my_tiles; ++i) {
-    if (i + kStages - 1 < my_tiles) issue(i + kStages - 1, rows_ahead);
-    rows_ahead = lookup(i + kStages);
-    cp_async_commit();               // possibly empty: keeps the wait count uniform
-    cp_async_wait<kStages - 1>();    // this lane's copies of tile i have landed
-    __syncwarp();                    // and every lane's
-    const int stage = i % kStages, key0 = k_lo + (i * kWarps + warp) * kTileKeys;
-    const uint32_t tk = smem_addr(sK + stage * kStageBytes / int(sizeof(KV)));
-    const uint32_t tv = smem_addr(sV + stage * kStageBytes / int(sizeof(KV)));
+    const int stage = tiles.acquire(i), key0 = k_lo + (i * kWarps + warp) * kTileKeys;
+    const uint32_t tk = tiles.k_tile(stage), tv = tiles.v_tile(stage);
 
     // S = Q K^T for the 16 keys: per k16 step one ldmatrix.x4 of K, two mma (fp8: per
     // two k16 steps, the 4 fp8 of a register converted to the B fragment's 2 f16 pairs).
@@ -228,7 +284,7 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
 #pragma unroll
     for (int kk = 0; kk < kTileW / 16; ++kk) {
       uint32_t bk[4];  // keys 0..7: {bk0, bk1}; keys 8..15: {bk2, bk3}
-      ldsm_x4(bk, lds_k(tk, 0, kk));
+      ldsm_x4(bk, tiles.k_addr(tk, kk));
       if constexpr (kFp8) {  // bk0 / bk2: dims 32kk .. +15 (step 2kk), bk1 / bk3: the next 16
         uint32_t b[4][2];
 #pragma unroll
@@ -263,8 +319,9 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
     // warp's 16 keys all exist and the window holds them for every row of the warp
     // (a window is an interval of keys, so its two ends decide), the common tile of a
     // long context. Tested per element, that was 8 shared loads and ~40 instructions.
+    const int lane_key = lane & (kTileKeys - 1);
     const bool all_visible = __all_sync(
-        0xffffffffu, sRow[stage * kTileKeys + (lane & (kTileKeys - 1))] >= 0 &&
+        0xffffffffu, tiles.present(stage, lane_key, key0 + lane_key) &&
                          win.visible(pos[0], key0) && win.visible(pos[0], key0 + kTileKeys - 1) &&
                          win.visible(pos[1], key0) && win.visible(pos[1], key0 + kTileKeys - 1));
     if (!all_visible) {
@@ -276,7 +333,7 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
           for (int e = 0; e < 2; ++e) {
             const int jl = nt * 8 + 2 * t + e, key = key0 + jl;
             float& x = sc[nt][2 * hf + e];
-            const bool vis = sRow[stage * kTileKeys + jl] >= 0 && win.visible(pos[hf], key);
+            const bool vis = tiles.present(stage, jl, key) && win.visible(pos[hf], key);
             x = vis ? x : -XLA_ATTN_INF;
           }
         }
@@ -326,7 +383,7 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
 #pragma unroll
     for (int dd = 0; dd < kTileW / 16; ++dd) {
       uint32_t bv[4];  // units 16dd + 0..7: {bv0, bv1}; 16dd + 8..15: {bv2, bv3}
-      ldsm_x4_trans(bv, lds_v(tv, 0, dd));
+      ldsm_x4_trans(bv, tiles.v_addr(tv, dd));
       if constexpr (kFp8) {  // a unit is a dim pair: even and odd dims are n8 tiles of their own
         uint32_t even[4], odd[4];
 #pragma unroll
@@ -340,9 +397,9 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
         mma_16816<Tc>(o[2 * dd + 1], pa, bv[2], bv[3]);
       }
     }
-    __syncwarp();  // every lane is done with this stage before it is refilled
+    tiles.release();
   }
-  cp_async_wait<0>();
+  tiles.drain();
   __syncthreads();  // the merge below reuses the tiles
 
   // Merge the warps: each writes its rows' max, sum and unnormalised O to shared memory.
@@ -374,6 +431,18 @@ __device__ void paged_decode_sm80(const decode::Args& a) {
     decode::write_merged<T, D, kWarps>(a, s, hk, split, decode_sm80::kRows, idx / D, idx / D,
                                        idx % D, s_m, s_l, s_o, vs);
   }
+}
+
+template <typename T, typename KV, int D>
+__device__ void paged_decode_sm80(const decode::Args& a) {
+  using decode_sm80::kTileKeys;
+  extern __shared__ __align__(128) unsigned char smem[];
+  decode::DecodeBlock blk;
+  if (!blk.locate<T>(a, kTileKeys)) return;  // the split's share in whole tiles
+  const int tiles = (blk.k_hi - blk.k_lo + kTileKeys - 1) / kTileKeys;
+  decode_sm80::CpAsyncTiles<KV, D> source(a.p, blk, smem, threadIdx.x / 32, threadIdx.x % 32,
+                                          tiles);
+  paged_decode_mma<T, KV, D>(a, blk, source, smem);
 }
 
 }  // namespace xla_attn

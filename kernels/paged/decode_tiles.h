@@ -1,6 +1,7 @@
 // Shapes and the launch plan of paged_attention's decode kernel, read by the kernel
 // (NVRTC) and by the host launcher, so the grid and the kernel's loops cannot disagree.
 #pragma once
+#include "common/tensor_map.h"
 #include "paged/params.h"
 
 namespace xla_attn::decode {
@@ -132,3 +133,46 @@ static_assert(wave_splits(64 * 8, 132 * 2, 128) == 1 && wave_splits(64 * 8, 132 
               "the split counts quoted above");
 
 }  // namespace xla_attn::decode_sm80
+
+// The Hopper decode kernel (paged/decode_sm90.cuh): decode_sm80's warps and stages, the
+// tiles landed by bulk tensor copies (TMA) instead of cp.async.
+namespace xla_attn::decode_sm90 {
+
+// What it receives: the decode kernel's args plus the K and V caches' tensor maps, each
+// a 5-d view [num_blocks][num_heads_k][parts][block_size][part] of the cache, a part
+// being head_dim's bytes cut in pieces of at most 128 (one swizzle span), so that one
+// copy lands a 16-key tile of one kv head as `parts` [16][part] sub-tiles.
+struct Args {
+  decode::Args base;
+  sm90::TensorMap k_map, v_map;
+};
+
+// Bytes of a row piece (the tensor map's box width): 128 or, for 64-byte rows, 64.
+XLA_ATTN_HOST_DEVICE constexpr int part_bytes(int d, int cache_bytes) {
+  return d * cache_bytes < 128 ? d * cache_bytes : 128;
+}
+// The kernel covers rows of 64, 128 or 256 bytes: d64 / d128 at 16 bits, fp8 d64 / d128.
+XLA_ATTN_HOST_DEVICE constexpr bool covers(int d, int cache_bytes) {
+  return d * cache_bytes == 64 || d * cache_bytes == 128 || d * cache_bytes == 256;
+}
+
+// Shared memory: 1 KB of slack to align the tiles to the 128-byte swizzle's 1 KB
+// period, the warps' K and V stages (decode_sm80's sizes), one 8-byte barrier per
+// warp and stage. d128: 97.1 KB at 16 bits, 65.1 KB fp8: 2 and 3 blocks an SM, as
+// decode_sm80, so the split plans (and the workspace) are decode_sm80's.
+constexpr int kAlign = 1024;
+XLA_ATTN_HOST_DEVICE constexpr int tiles_bytes(int d, int cache_bytes) {
+  return decode_sm80::kWarps * decode_sm80::stages(cache_bytes) * 2 *
+         decode_sm80::stage_bytes(d, cache_bytes);
+}
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int cache_bytes) {
+  return kAlign + tiles_bytes(d, cache_bytes) +
+         decode_sm80::kWarps * decode_sm80::stages(cache_bytes) * 8;
+}
+static_assert(228 * 1024 / (smem_bytes(128, 2) + 1024) ==
+                      decode_sm80::resident_blocks(128, 2) &&
+                  228 * 1024 / (smem_bytes(128, 1) + 1024) ==
+                      decode_sm80::resident_blocks(128, 1),
+              "decode_sm90 must keep decode_sm80's occupancy: they share split plans");
+
+}  // namespace xla_attn::decode_sm90

@@ -5,6 +5,7 @@
 #include "common/checks.h"
 #include "common/op.h"
 #include "dispatch/dispatch.h"
+#include "dispatch/tensor_map.h"
 #include "paged/decode_tiles.h"
 #include "variants_features.h"
 
@@ -100,43 +101,93 @@ DecodePlan decode_plan(const xla_attn_paged_attention_params& p, DecodeKernel ke
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// The decode kernel for this call and its dynamic shared memory: the tensor-core one
-// where it covers the call (16-bit caches, sm_80+, a GQA group of at most 16 heads:
-// its rows are one m16 tile), else the FMA one; null when neither does or the caches
-// are not 16-byte aligned.
-const dispatch::VariantEntry* decode_variant(const xla_attn_paged_attention_params& p, int arch,
-                                             size_t* smem) {
-  if (!aligned16(p.key_cache) || !aligned16(p.value_cache)) return nullptr;
+// The decode kernel a call gets, its dynamic shared memory and, for the Hopper kernel,
+// the caches' tensor maps.
+struct DecodeChoice {
+  const dispatch::VariantEntry* variant = nullptr;
+  size_t smem = 0;
+  bool tma = false;
+  sm90::TensorMap k_map, v_map;
+};
+
+// One cache as decode_sm90's 5-d view (paged/decode_tiles.h):
+// [num_blocks][num_heads_k][parts][block_size][part], boxes of one kv head's 16 keys.
+std::string encode_cache(sm90::TensorMap* map, const void* cache,
+                         const xla_attn_paged_attention_params& p) {
+  const int eb = is_fp8_dtype(p.cache_dtype) ? 1 : 2;
+  const uint64_t row = uint64_t(p.head_dim) * eb;
+  const uint32_t part = uint32_t(decode_sm90::part_bytes(p.head_dim, eb));
+  const uint64_t dims[5] = {part / eb, uint64_t(p.block_size), row / part,
+                            uint64_t(p.num_heads_k), uint64_t(p.num_blocks)};
+  const uint64_t strides[4] = {p.num_heads_k * row, part, row,
+                               uint64_t(p.block_size) * p.num_heads_k * row};
+  const uint32_t box[5] = {part / eb, uint32_t(decode_sm80::kTileKeys), uint32_t(row / part), 1,
+                           1};
+  // L2 fetches as wide as a row (64-256 bytes): the row is all the block reads there.
+  // Measured on an H100 (bench decode, bf16 and fp8 e4m3): the same as no promotion
+  // within run-to-run spread, except bf16 bs64 L=4096 (2855 against 2592 GB/s).
+  const int l2 = int(std::min<uint64_t>(row, 256));
+  return dispatch::encode_tiled(map, cache, eb, 5, dims, strides, box, int(part), l2);
+}
+
+// The decode kernel for this call: the Hopper one (sm_90+, a block size that is a
+// multiple of its 16-key tiles, rows of 64-256 bytes, tensor maps that encode), else the
+// tensor-core one where it covers the call (16-bit caches, sm_80+, a GQA group of at
+// most 16 heads: its rows are one m16 tile), else the FMA one; none when no kernel
+// covers it or the caches are not 16-byte aligned.
+DecodeChoice decode_variant(const xla_attn_paged_attention_params& p, int arch) {
+  DecodeChoice c;
+  if (!aligned16(p.key_cache) || !aligned16(p.value_cache)) return c;
   const int group = p.num_heads / std::max(p.num_heads_k, 1);
+  const int cache_bytes = is_fp8_dtype(p.cache_dtype) ? 1 : 2;
   std::string unused;
-  if (group <= decode_sm80::kRows) {
-    const dispatch::VariantEntry* v = dispatch::select(
-        {"paged_decode_mma", p.q_dtype, p.cache_dtype, p.head_dim, features_of(p), arch}, &unused);
-    *smem = size_t(decode_sm80::smem_bytes(p.head_dim, is_fp8_dtype(p.cache_dtype) ? 1 : 2));
-    if (v) return v;
+  const dispatch::Query q{"paged_decode_tma", p.q_dtype, p.cache_dtype, p.head_dim,
+                          features_of(p), arch};
+  if (group <= decode_sm80::kRows && p.block_size % decode_sm80::kTileKeys == 0 &&
+      decode_sm90::covers(p.head_dim, cache_bytes) && p.num_blocks > 0) {
+    c.variant = dispatch::select(q, &unused);
+    if (c.variant && encode_cache(&c.k_map, p.key_cache, p).empty() &&
+        encode_cache(&c.v_map, p.value_cache, p).empty()) {
+      c.smem = size_t(decode_sm90::smem_bytes(p.head_dim, cache_bytes));
+      c.tma = true;
+      return c;
+    }
   }
-  *smem = 0;
+  if (group <= decode_sm80::kRows) {
+    c.variant = dispatch::select({"paged_decode_mma", p.q_dtype, p.cache_dtype, p.head_dim,
+                                  features_of(p), arch}, &unused);
+    c.smem = size_t(decode_sm80::smem_bytes(p.head_dim, cache_bytes));
+    if (c.variant) return c;
+  }
+  c.smem = 0;
   const std::string fma_op = "paged_decode_r" + std::to_string(decode::rows_per_block(group));
-  return dispatch::select({fma_op.c_str(), p.q_dtype, p.cache_dtype, p.head_dim, features_of(p),
-                           arch}, &unused);
+  c.variant = dispatch::select({fma_op.c_str(), p.q_dtype, p.cache_dtype, p.head_dim,
+                                features_of(p), arch}, &unused);
+  return c;
 }
 
 bool is_mma(const dispatch::VariantEntry& v) {
-  return std::strcmp(v.op, "paged_decode_mma") == 0;
+  return std::strcmp(v.op, "paged_decode_mma") == 0 || std::strcmp(v.op, "paged_decode_tma") == 0;
 }
 
-// Launches decode kernel `v` (and its split merge) under `plan`.
-std::string launch_decode(const xla_attn_paged_attention_params& p,
-                          const dispatch::VariantEntry& v, size_t smem, const DecodePlan& plan,
-                          bool no_flash_follows, int arch, cudaStream_t stream) {
+// Launches decode kernel `c` (and its split merge) under `plan`.
+std::string launch_decode(const xla_attn_paged_attention_params& p, const DecodeChoice& c,
+                          const DecodePlan& plan, bool no_flash_follows, int arch,
+                          cudaStream_t stream) {
   const decode::Args args{p, plan.splits, plan.max_q, no_flash_follows ? 1 : 0};
   // (splits, kv heads, sequences + 1 block row that zeroes the padding queries)
   const dim3 grid(plan.splits, p.num_heads_k, p.max_num_seqs + 1);
-  std::string error = dispatch::launch(v, grid, smem, stream, &args);
+  std::string error;
+  if (c.tma) {
+    const decode_sm90::Args tma_args{args, c.k_map, c.v_map};
+    error = dispatch::launch(*c.variant, grid, c.smem, stream, &tma_args);
+  } else {
+    error = dispatch::launch(*c.variant, grid, c.smem, stream, &args);
+  }
   if (error.empty() && plan.splits > 1) {
-    const dispatch::Query c{"paged_decode_combine", p.q_dtype, p.q_dtype, p.head_dim,
+    const dispatch::Query q{"paged_decode_combine", p.q_dtype, p.q_dtype, p.head_dim,
                             features_of(p), arch};
-    error = dispatch::launch(c, dim3(1, p.num_heads_k, p.max_num_seqs), 0, stream, &args);
+    error = dispatch::launch(q, dim3(1, p.num_heads_k, p.max_num_seqs), 0, stream, &args);
   }
   return error;
 }
@@ -158,8 +209,8 @@ std::string launch_cuda(const xla_attn_paged_attention_params& p, cudaStream_t s
   std::string error;
   const int arch = dispatch::current_arch(&error);
   if (arch < 0) return error;
-  size_t smem = 0;
-  const dispatch::VariantEntry* v = decode_variant(p, arch, &smem);
+  const DecodeChoice choice = decode_variant(p, arch);
+  const dispatch::VariantEntry* v = choice.variant;
   const DecodePlan plan =
       decode_plan(p, v && is_mma(*v) ? DecodeKernel::kMma : DecodeKernel::kFma);
   // Query counts are device data: unless no sequence can exceed the decode kernel's
@@ -172,7 +223,7 @@ std::string launch_cuda(const xla_attn_paged_attention_params& p, cudaStream_t s
       return "paged_attention: the split-KV workspace is missing or smaller than "
              "xla_attn_workspace_size() asked for";
     }
-    error = launch_decode(p, *v, smem, plan, decode_only, arch, stream);
+    error = launch_decode(p, choice, plan, decode_only, arch, stream);
     if (!error.empty()) return error;
   }
   if (decode_only) return "";

@@ -36,13 +36,14 @@ def info(as_json: bool = False) -> int:
     if arch > 0:
         chosen = {}
         # name, the dispatcher ops it tries in order, dtypes. paged_attention: decode spans
-        # over an fp8 cache (the tensor-core decode kernel, else the FMA one for a GQA
-        # group of 4); longer spans take the flash_fwd kernels.
+        # over an fp8 cache (the Hopper decode kernel for block sizes that are multiples of
+        # 16, else the tensor-core one, else the FMA one for a GQA group of 4); longer
+        # spans take the flash_fwd kernels.
         for name, ops, d0, d1 in (
                 ("reshape_and_cache_flash", ("reshape_and_cache_flash",), "bfloat16", "bfloat16"),
                 ("flash_attn_varlen", ("flash_fwd",), "bfloat16", "bfloat16"),
                 ("flash backward", ("flash_bwd_dkdv",), "bfloat16", "bfloat16"),
-                ("paged_attention decode", ("paged_decode_mma", "paged_decode_r4"), "bfloat16",
+                ("paged_attention decode", ("paged_decode_tma", "paged_decode_mma", "paged_decode_r4"), "bfloat16",
                  "float8_e4m3fn"),
                 ("paged_attention prefill", ("flash_fwd",), "bfloat16", "float8_e4m3fn")):
             for op in ops:

@@ -37,11 +37,13 @@ def family(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(params=FAMILIES + ["auto"])
+@pytest.fixture(params=FAMILIES + ["auto", "decode,sm80"])
 def paged_family(request, monkeypatch):
-    """paged_attention's routes: forced onto one flash family (the decode kernel then
-    stands aside), or "auto": the decode kernel for short query spans and the best flash
-    family for the longer ones, as users get it."""
+    """paged_attention's routes: forced onto one flash family (the decode kernels then
+    stand aside); "auto": the best decode kernel for short query spans (on sm_90 the
+    Hopper one) and the best flash family for the longer ones, as users get it;
+    "decode,sm80": the sm_80 decode kernels (tensor-core and FMA) beside the sm80 flash
+    forward, so that they are tested on sm_90 too."""
     if request.param == "auto":
         monkeypatch.delenv("XLA_ATTN_FORCE_FAMILY", raising=False)
     else:
@@ -52,7 +54,7 @@ def paged_family(request, monkeypatch):
 def _skip_outside(family, dtype="bfloat16"):
     """The sm80 family (tensor cores) has f16 and bf16 kernels only: float32 and fp8 run
     on the portable family, which the "portable" param tests."""
-    if family == "sm80" and dtype not in ("float16", "bfloat16"):
+    if "sm80" in family.split(",") and dtype not in ("float16", "bfloat16"):
         pytest.skip("sm80 family: f16/bf16 only (f32 and fp8 are portable's)")
 
 
@@ -393,6 +395,55 @@ def test_paged_attention_wrong_max_query_len_gives_nan_rows(gpu_device, rng, mk,
     exp = ref.paged_attention_ref(query, k, v, lens, table, qsl, 0.1, **scales)
     ref.assert_attention_close(out[~long_rows], exp[~long_rows], "bfloat16")
     assert np.all(out[qsl[-1]:] == 0)
+
+
+def _poison_tails(rng, mk, k, v, seq_lens, table, dtype_name):
+    """NaN / inf bits in each sequence's last block past its end: slots a real cache has
+    not written yet, which a kernel must not let into the result (0 * NaN)."""
+    bs = k.shape[1]
+    for s, n in enumerate(seq_lens):
+        if n % bs:
+            blk = table[s, (n - 1) // bs]
+            for cache in (k, v):
+                cache[blk, n % bs:] = mk.random_bits(rng, cache[blk, n % bs:].shape, dtype_name)
+
+
+@pytest.mark.parametrize("feature", ["plain", "window_softcap_alibi"])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("cache", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"])
+def test_paged_attention_decode_tma(gpu_device, rng, mk, monkeypatch, cache, dim, block_size,
+                                    feature):
+    """The Hopper decode kernel (tiles landed by bulk tensor copies) on its own: forced
+    onto its family with max_query_len=1, no other kernel may run, so a call it did not
+    take fails. GQA groups of 4 and 8, contexts from 1 to 20000 keys (the long one split
+    and merged), partial last tiles whose unwritten slots hold NaN / inf bits, a window
+    that starts inside a tile, every cache format it covers."""
+    if float(getattr(gpu_device, "compute_capability", "0")) < 9.0:
+        pytest.skip("the Hopper decode kernel needs sm_90")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "decode_sm90")
+    qdtype = "float16" if cache == "float16" else "bfloat16"
+    for heads, heads_k in ((8, 2), (16, 2)):
+        seq_lens = np.array([300, 1, 64, 17, 999, 20000, 45], np.int32)
+        qsl = mk.cu_seqlens(np.ones(len(seq_lens), np.int32))
+        k, v, table = mk.paged_kv(rng, "float32", seq_lens, block_size, heads_k=heads_k,
+                                  head_dim=dim)
+        scales = {}
+        if cache.startswith("float8"):
+            k, v = (k * 3).astype(mk.np_dtype(cache)), (v / 2).astype(mk.np_dtype(cache))
+            scales = dict(k_scale=np.float32(1 / 3), v_scale=np.float32(2.0))
+        else:
+            k, v = k.astype(mk.np_dtype(cache)), v.astype(mk.np_dtype(cache))
+        _poison_tails(rng, mk, k, v, seq_lens, table, cache)
+        query = mk.random_array(rng, (len(seq_lens) + 2, heads, dim), qdtype)
+        kw = {}
+        if feature != "plain":
+            kw = dict(sliding_window=203, soft_cap=20.0, alibi_slopes=mk.alibi(rng, heads) / 8)
+        out = _paged_on(gpu_device, query, k, v, seq_lens, table, qsl, scales, max_query_len=1,
+                        **kw)
+        exp = ref.paged_attention_ref(query, k, v, seq_lens, table, qsl, 0.1, **scales, **kw)
+        ref.assert_attention_close(out, exp, qdtype, valid_rows=len(seq_lens))
+        assert np.all(out[len(seq_lens):] == 0)
 
 
 def test_split_kv_long_context(family, gpu_device, rng, mk):

@@ -1,0 +1,65 @@
+// Hopper's bulk tensor copies (TMA) and the shared-memory barriers they complete on,
+// as inline PTX (PTX ISA: "cp.async.bulk.tensor", "mbarrier"). Plain sm_90: nothing
+// here needs sm_90a.
+//
+// A tensor copy is issued by one thread with a tensor map (a CUtensorMap the host
+// encodes, passed inside the kernel's __grid_constant__ params so its generic address
+// is valid) and box coordinates; the copy engine writes the box into shared memory,
+// swizzled as the map says, and adds the bytes it wrote to an mbarrier's transaction
+// count. Coordinates outside the tensor read as zeros and still count their bytes.
+#pragma once
+#include "common/tensor_map.h"
+
+namespace xla_attn::sm90 {
+
+// One arrival (the issuing thread's) completes a phase once the bytes announced by
+// expect_tx have landed.
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+// Makes barrier initialisation visible to the copy engine (the async proxy).
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// The issuing thread's arrival, announcing `bytes` of copies to come in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Spins until the barrier's phase of parity `parity` has completed; the copies it
+// counted are then visible to the waiting thread.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;"
+        " selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Orders this thread's earlier generic-proxy shared-memory writes before later
+// async-proxy (copy engine) accesses of the same bytes.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Box at coordinates c0..c4 (innermost first) of a 5-d tensor map into shared address
+// dst, completing on barrier bar.
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const TensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
+      : "memory");
+}
+
+// Fetches the tensor map into the copy engine's descriptor cache ahead of first use.
+__device__ __forceinline__ void prefetch_tensor_map(const TensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+}  // namespace xla_attn::sm90
