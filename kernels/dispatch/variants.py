@@ -303,8 +303,9 @@ def _paged_decode_sm90_variants():
             params="xla_attn::decode_sm90::Args", dtype0=q, dtype1=kv, head_dim_min=d,
             head_dim_max=d, features=ALL_FEATURES, priority=10, threads=128,
             min_blocks=3 if kv.startswith("f8") else 2)  # decode_sm80's occupancy
-    for q, d in itertools.product(("f16", "bf16"), (64, 128)):  # its split merge, so that
-        yield Variant(                                          # the family covers splits
+    # Its split merge (decode.cuh's), so that XLA_ATTN_FORCE_FAMILY=decode_sm90 covers splits.
+    for q, d in itertools.product(("f16", "bf16"), (64, 128)):
+        yield Variant(
             op="paged_decode_combine", family="decode_sm90", module="paged_decode_sm90",
             kernel=f"xla_attn_paged_decode_combine_sm90_{q}_d{d}",
             template=f"xla_attn::paged_decode_combine<{DTYPES[q][1]}, {d}>",

@@ -142,8 +142,9 @@ struct CpAsyncTiles {
     for (int it = 0; it < kLoads; ++it) {
       cp_dst[it] = 2u * uint32_t(sm80::swz<kTileW>(cp_r0 + it * kRowStep, cp_c));
     }
-    kc_col = static_cast<const KV*>(p.key_cache) + int64_t(blk.hk) * D + cp_c * 16 / int(sizeof(KV));
-    vc_col = static_cast<const KV*>(p.value_cache) + int64_t(blk.hk) * D + cp_c * 16 / int(sizeof(KV));
+    const int64_t col = int64_t(blk.hk) * D + cp_c * 16 / int(sizeof(KV));
+    kc_col = static_cast<const KV*>(p.key_cache) + col;
+    vc_col = static_cast<const KV*>(p.value_cache) + col;
     kv_stride = int64_t(p.num_heads_k) * D;
   }
 
