@@ -166,6 +166,33 @@ def test_unknown_op_lists_the_ops_with_kernels():
     assert "this build has: none; CUDA kernels exist for: reshape_and_cache_flash flash_fwd" in str(info.value)
 
 
+def test_decode_kernels_by_arch_and_forced_families(monkeypatch):
+    """The Hopper decode kernel (op paged_decode_tma) exists for sm_90 alone;
+    XLA_ATTN_FORCE_FAMILY restricts selection to the families it lists, comma-separated
+    (whole names only), and a miss names them."""
+    def pick(op, arch):
+        return _native.select_variant(op, "bfloat16", "bfloat16", 128, arch=arch)
+
+    monkeypatch.delenv("XLA_ATTN_FORCE_FAMILY", raising=False)
+    assert pick("paged_decode_tma", 90) == "xla_attn_paged_decode_sm90_bf16_bf16_d128"
+    with pytest.raises(RuntimeError, match="on sm_89; this build has: decode_sm90"):
+        pick("paged_decode_tma", 89)
+    assert pick("paged_decode_combine", 90) == "xla_attn_paged_decode_combine_sm90_bf16_d128"
+    assert pick("paged_decode_combine", 89) == "xla_attn_paged_decode_combine_bf16_d128"
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "decode,sm80")
+    assert pick("paged_decode_mma", 90) == "xla_attn_paged_decode_sm80_bf16_bf16_d128"
+    assert pick("paged_decode_combine", 90) == "xla_attn_paged_decode_combine_bf16_d128"
+    assert pick("flash_fwd", 90) == "xla_attn_flash_fwd_sm80_bf16_d128"
+    with pytest.raises(RuntimeError) as info:
+        pick("paged_decode_tma", 90)
+    assert " in families 'decode,sm80' (XLA_ATTN_FORCE_FAMILY); " in str(info.value)
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm8,decode_sm9")
+    with pytest.raises(RuntimeError):
+        pick("flash_fwd", 90)
+    with pytest.raises(RuntimeError):
+        pick("paged_decode_tma", 90)
+
+
 def test_wrong_input_type_names_the_frontend():
     with pytest.raises(TypeError) as info:
         xla_attn.flash_attn_varlen([[1.0]], None, None, None, None)
