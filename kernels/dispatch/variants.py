@@ -271,38 +271,32 @@ def _paged_decode_variants():
 DECODE_HEAD_DIMS = (64, 128, 256)
 
 
-def _paged_decode_sm80_variants():
-    # The tensor-core decode kernel (kernels/paged/decode_sm80.cuh): 16-bit queries over
-    # a cache of their dtype or fp8, head dims 64 and 128 (d256's three stages exceed
-    # the 99 KB of shared memory sm_86/89 allow a block): 2 x 3 x 2 = 12. The launcher
-    # tries it before the FMA kernel (paged_decode_r4/_r8), which keeps d256 and
-    # sm_70/75.
+def _paged_decode_mma_variants():
+    # The tensor-core decode kernel: 16-bit queries over a cache of their dtype or fp8,
+    # head dims 64 and 128 (d256's three stages exceed the 99 KB of shared memory sm_86/89
+    # allow a block), 2 x 3 x 2 = 12 in each of two families:
+    # - decode_sm80 (kernels/paged/decode_sm80.cuh, op paged_decode_mma, family decode),
+    #   tiles by cp.async. The launcher tries it before the FMA kernel
+    #   (paged_decode_r4/_r8), which keeps d256 and sm_70/75.
+    # - decode_sm90 (kernels/paged/decode_sm90.cuh), the same kernel with its tiles landed
+    #   by TMA. Its own op, because it takes its own args (the caches' tensor maps): the
+    #   launcher tries it first where the device is sm_90+ and the cache's block size is a
+    #   multiple of 16 (a 16-key tile in one block), and falls back to paged_decode_mma.
     for (q, kv), d in itertools.product(DECODE_DTYPES, (64, 128)):
-        yield Variant(
-            op="paged_decode_mma", family="decode", module="paged_decode_sm80",
-            kernel=f"xla_attn_paged_decode_sm80_{q}_{kv}_d{d}",
-            template=f"xla_attn::paged_decode_sm80<{DTYPES[q][1]}, {DTYPES[kv][1]}, {d}>",
-            params="xla_attn::decode::Args", dtype0=q, dtype1=kv, head_dim_min=d,
-            head_dim_max=d, features=ALL_FEATURES, threads=128,
-            # fp8's 4 stages leave shared memory for 3 blocks an SM; 3 keeps the registers
-            # there too (<= 168 a thread; ptxas used 166-167 unbounded)
-            min_blocks=3 if kv.startswith("f8") else 2)
-
-
-def _paged_decode_sm90_variants():
-    # The Hopper decode kernel (kernels/paged/decode_sm90.cuh): decode_sm80's variants,
-    # tiles landed by TMA. Its own op, because it takes its own args (the caches' tensor
-    # maps): the launcher tries it first where the device is sm_90+ and the cache's block
-    # size is a multiple of 16 (a 16-key tile in one block), and falls back to
-    # paged_decode_mma otherwise.
-    for (q, kv), d in itertools.product(DECODE_DTYPES, (64, 128)):
-        yield Variant(
-            op="paged_decode_tma", family="decode_sm90", module="paged_decode_sm90",
-            kernel=f"xla_attn_paged_decode_sm90_{q}_{kv}_d{d}",
-            template=f"xla_attn::paged_decode_sm90<{DTYPES[q][1]}, {DTYPES[kv][1]}, {d}>",
-            params="xla_attn::decode_sm90::Args", dtype0=q, dtype1=kv, head_dim_min=d,
-            head_dim_max=d, features=ALL_FEATURES, priority=10, threads=128,
-            min_blocks=3 if kv.startswith("f8") else 2)  # decode_sm80's occupancy
+        types = f"{DTYPES[q][1]}, {DTYPES[kv][1]}, {d}"
+        same = dict(dtype0=q, dtype1=kv, head_dim_min=d, head_dim_max=d, features=ALL_FEATURES,
+                    threads=128,
+                    # fp8's 4 stages leave shared memory for 3 blocks an SM; 3 keeps the
+                    # registers there too (<= 168 a thread; ptxas used 166-167 unbounded)
+                    min_blocks=3 if kv.startswith("f8") else 2)
+        yield Variant(op="paged_decode_mma", family="decode", module="paged_decode_sm80",
+                      kernel=f"xla_attn_paged_decode_sm80_{q}_{kv}_d{d}",
+                      template=f"xla_attn::paged_decode_sm80<{types}>",
+                      params="xla_attn::decode::Args", **same)
+        yield Variant(op="paged_decode_tma", family="decode_sm90", module="paged_decode_sm90",
+                      kernel=f"xla_attn_paged_decode_sm90_{q}_{kv}_d{d}",
+                      template=f"xla_attn::paged_decode_sm90<{types}>",
+                      params="xla_attn::decode_sm90::Args", priority=10, **same)
     # Its split merge (decode.cuh's), so that XLA_ATTN_FORCE_FAMILY=decode_sm90 covers splits.
     for q, d in itertools.product(("f16", "bf16"), (64, 128)):
         yield Variant(
@@ -317,4 +311,4 @@ VARIANTS = (tuple(_reshape_and_cache_flash_variants()) + tuple(_flash_fwd_varian
             + tuple(_flash_fwd_sm80_variants())
             + tuple(_flash_bwd_sm80_variants())
             + tuple(_flash_bwd_variants()) + tuple(_paged_decode_variants())
-            + tuple(_paged_decode_sm80_variants()) + tuple(_paged_decode_sm90_variants()))
+            + tuple(_paged_decode_mma_variants()))
