@@ -141,11 +141,12 @@ DecodeChoice decode_variant(const xla_attn_paged_attention_params& p, int arch) 
   const int group = p.num_heads / std::max(p.num_heads_k, 1);
   const int cache_bytes = is_fp8_dtype(p.cache_dtype) ? 1 : 2;
   std::string unused;
-  const dispatch::Query q{"paged_decode_tma", p.q_dtype, p.cache_dtype, p.head_dim,
-                          features_of(p), arch};
-  if (group <= decode_sm80::kRows && p.block_size % decode_sm80::kTileKeys == 0 &&
+  // sm_90 only (TMA): below it select() would only scan the table and build a no-match
+  // message, on every call.
+  if (arch >= 90 && group <= decode_sm80::kRows && p.block_size % decode_sm80::kTileKeys == 0 &&
       decode_sm90::covers(p.head_dim, cache_bytes) && p.num_blocks > 0) {
-    c.variant = dispatch::select(q, &unused);
+    c.variant = dispatch::select({"paged_decode_tma", p.q_dtype, p.cache_dtype, p.head_dim,
+                                  features_of(p), arch}, &unused);
     if (c.variant && encode_cache(&c.k_map, p.key_cache, p).empty() &&
         encode_cache(&c.v_map, p.value_cache, p).empty()) {
       c.smem = size_t(decode_sm90::smem_bytes(p.head_dim, cache_bytes));
