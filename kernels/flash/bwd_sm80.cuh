@@ -532,18 +532,12 @@ __device__ void flash_bwd_dq_convert_sm80(const xla_attn_flash_bwd_params& p) {
   const int rows = min(kAccChunkRows, s.num_q - m0);
   const int64_t stride = int64_t(p.num_heads) * hd;
   T* dq = static_cast<T*>(p.dq) + (s.q_start + m0) * stride + int64_t(h) * hd;
-  if (hd % 8 == 0 && aligned_to<T>(p.dq, 16)) {
-    const int per_row = hd / 8;
-    for (int i = threadIdx.x; i < rows * per_row; i += kThreads) {
-      const int r = i / per_row, k = i % per_row;
-      *reinterpret_cast<uint4*>(dq + r * stride + 8 * k) =
-          *reinterpret_cast<const uint4*>(tile + r * kRowElems + 8 * k);
-    }
-  } else {
-    for (int i = threadIdx.x; i < rows * hd; i += kThreads) {
-      const int r = i / hd, col = i % hd;
-      dq[r * stride + col] = tile[r * kRowElems + col];
-    }
+  const bool vec = hd % 8 == 0 && aligned_to<T>(p.dq, 16);
+  const int per_row = (hd + 7) / 8;  // 16-byte chunks of a row (the last may be short)
+  for (int i = threadIdx.x; i < rows * per_row; i += kThreads) {
+    const int r = i / per_row, k = i % per_row;
+    store_chunk(dq + r * stride, *reinterpret_cast<const uint4*>(tile + r * kRowElems + 8 * k),
+                8 * k, hd, vec);
   }
 }
 
