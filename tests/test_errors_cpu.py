@@ -193,6 +193,26 @@ def test_decode_kernels_by_arch_and_forced_families(monkeypatch):
         pick("paged_decode_tma", 90)
 
 
+def test_hopper_forward_is_for_sm90_alone(monkeypatch):
+    """The wgmma forward (op flash_fwd_tma) is an sm_90a cubin: selected on sm_90 only,
+    neither below nor on later archs (its PTX cannot be JIT-compiled for them), and
+    only for the head dims of its buckets (33..256)."""
+    monkeypatch.delenv("XLA_ATTN_FORCE_FAMILY", raising=False)
+
+    def pick(arch, head_dim=128, dtype="bfloat16"):
+        return _native.select_variant("flash_fwd_tma", dtype, dtype, head_dim, arch=arch)
+
+    assert pick(90) == "xla_attn_flash_fwd_sm90_bf16_d128"
+    assert pick(90, 80, "float16") == "xla_attn_flash_fwd_sm90_f16_d128"
+    assert pick(90, 256) == "xla_attn_flash_fwd_sm90_bf16_d256"
+    assert pick(90, 33) == "xla_attn_flash_fwd_sm90_bf16_d64"
+    for arch, head_dim in ((89, 128), (100, 128), (90, 32)):
+        with pytest.raises(RuntimeError, match="; this build has: .*sm90\\(bf16->bf16, sm_90a\\)"):
+            pick(arch, head_dim)
+    assert _native.select_variant("flash_fwd", "bfloat16", "bfloat16", 128,
+                                  arch=90) == "xla_attn_flash_fwd_sm80_bf16_d128"
+
+
 def test_wrong_input_type_names_the_frontend():
     with pytest.raises(TypeError) as info:
         xla_attn.flash_attn_varlen([[1.0]], None, None, None, None)

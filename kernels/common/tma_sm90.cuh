@@ -12,10 +12,10 @@
 
 namespace xla_attn::sm90 {
 
-// One arrival (the issuing thread's) completes a phase once the bytes announced by
-// expect_tx have landed.
-__device__ __forceinline__ void mbar_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+// `arrivals` arrivals (1: the issuing thread's) complete a phase, once the bytes
+// announced by expect_tx have landed.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals = 1) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
 }
 // Makes barrier initialisation visible to the copy engine (the async proxy).
 __device__ __forceinline__ void mbar_init_fence() {
@@ -25,6 +25,10 @@ __device__ __forceinline__ void mbar_init_fence() {
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
+}
+// A plain arrival (no bytes announced): a consumer handing a stage back.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 // Spins until the barrier's phase of parity `parity` has completed; the copies it
 // counted are then visible to the waiting thread.
@@ -54,6 +58,16 @@ __device__ __forceinline__ void tma_load_5d(uint32_t dst, const TensorMap* map, 
       "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
+      : "memory");
+}
+
+// Box at coordinates c0..c2 (innermost first) of a 3-d tensor map.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const TensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
 

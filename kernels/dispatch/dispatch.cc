@@ -34,6 +34,12 @@ bool matches(const VariantEntry& v, const Query& q, const char* families) {
 // major) or JITs the newest PTX on any later arch.
 int min_arch(const ModuleEntry& m) { return std::atoi(m.archs); }
 
+// Whether the module runs on `arch`: from its lowest cubin's arch on, or on exactly that
+// arch for arch-specific code ("90a": an sm_90a cubin, whose PTX no later GPU can JIT).
+bool runs_on(const ModuleEntry& m, int arch) {
+  return std::strchr(m.archs, 'a') ? arch == min_arch(m) : arch >= min_arch(m);
+}
+
 std::string describe_op(const char* op) {
   std::ostringstream os;
   bool any = false;
@@ -74,7 +80,7 @@ const VariantEntry* select(const Query& q, std::string* error) {
   if (family && !*family) family = nullptr;
   const VariantEntry* best = nullptr;
   for (const VariantEntry* v = kVariants; v->op; ++v) {
-    if (!matches(*v, q, family) || q.arch < min_arch(kModules[v->module])) continue;
+    if (!matches(*v, q, family) || !runs_on(kModules[v->module], q.arch)) continue;
     if (!best || v->priority > best->priority) best = v;
   }
   if (!best) {

@@ -43,11 +43,18 @@ class Module:
     # converted: sm_89+ PTX converts e4m3/e5m2 in hardware (cvt), compute_80 PTX in ~10
     # integer instructions an element (fp8 decode ran 10x slower than bf16 on an H100).
     ptx_archs: tuple[str, ...] | None = None
+    # Arch-specific code (wgmma, setmaxnreg: sm_90a): one cubin for exactly min_arch, from
+    # its "a" PTX, built where the build's archs include min_arch; the dispatcher runs it
+    # on that arch alone (an sm_90a cubin loads on no other GPU, and its PTX JITs nowhere).
+    arch_specific: bool = False
 
 
 def cubin_plan(module: Module, archs: list[str]) -> dict[str, str]:
     """{real arch to build a cubin for: virtual arch its PTX comes from} for `archs`
     (the build's real archs) under the module's policy."""
+    if module.arch_specific:
+        own = f"{module.min_arch}a"
+        return {own: own} if any(int(a.rstrip("a")) == module.min_arch for a in archs) else {}
     archs = sorted((a for a in archs if int(a.rstrip("a")) >= module.min_arch),
                    key=lambda a: int(a.rstrip("a")))
     if module.ptx_archs is None:
@@ -106,6 +113,8 @@ MODULES = (
     Module("paged_decode_sm80", "paged/decode_sm80.cuh", min_arch=80, ptx_archs=("80", "89")),
     # Bulk tensor copies (TMA) are sm_90 instructions: one cubin, from compute_90 PTX.
     Module("paged_decode_sm90", "paged/decode_sm90.cuh", min_arch=90, ptx_archs=("90",)),
+    # wgmma and setmaxnreg are sm_90a instructions: one sm_90a cubin.
+    Module("flash_fwd_sm90", "flash/fwd_sm90.cuh", min_arch=90, arch_specific=True),
 )
 
 # Head-dim buckets of the portable family (kernels/flash/portable_tiles.h): the
@@ -183,6 +192,27 @@ def _flash_fwd_sm80_variants():
             template=f"xla_attn::flash_combine_portable<{DTYPES[dt][1]}>",
             params="xla_attn_flash_fwd_params", dtype0=dt, dtype1=dt, features=features,
             priority=10, threads=128)
+
+
+# Head-dim buckets of the sm90 family (kernels/flash/sm90_tiles.h): whole 64-column
+# blocks; head dims up to 32 stay with the sm80 family.
+SM90_HEAD_BUCKETS = ((33, 64), (65, 128), (129, 256))
+
+
+def _flash_fwd_sm90_variants():
+    # The Hopper forward (kernels/flash/fwd_sm90.cuh), f16 and bf16: 2 x 3. Its own op,
+    # flash_fwd_tma, because it takes its own args (the tensor maps) and only part of
+    # flash_fwd's calls (not paged, not split, head_dim % 8 == 0, aligned tensors): the
+    # launcher tries it first where those hold and the device is sm_90, and otherwise
+    # selects flash_fwd as before.
+    features = ALL_FEATURES & ~FEATURES["fp8"] & ~FEATURES["paged"]
+    for dt, (lo, hi) in itertools.product(("f16", "bf16"), SM90_HEAD_BUCKETS):
+        yield Variant(
+            op="flash_fwd_tma", family="sm90", module="flash_fwd_sm90",
+            kernel=f"xla_attn_flash_fwd_sm90_{dt}_d{hi}",
+            template=f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}>",
+            params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
+            head_dim_max=hi, features=features, priority=20, threads=384)
 
 
 def _flash_bwd_variants():
@@ -308,7 +338,7 @@ def _paged_decode_mma_variants():
 
 
 VARIANTS = (tuple(_reshape_and_cache_flash_variants()) + tuple(_flash_fwd_variants())
-            + tuple(_flash_fwd_sm80_variants())
+            + tuple(_flash_fwd_sm80_variants()) + tuple(_flash_fwd_sm90_variants())
             + tuple(_flash_bwd_sm80_variants())
             + tuple(_flash_bwd_variants()) + tuple(_paged_decode_variants())
             + tuple(_paged_decode_mma_variants()))

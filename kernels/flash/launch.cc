@@ -4,8 +4,10 @@
 #include "common/checks.h"
 #include "common/op.h"
 #include "dispatch/dispatch.h"
+#include "dispatch/tensor_map.h"
 #include "flash/portable_tiles.h"
 #include "flash/sm80_tiles.h"
+#include "flash/sm90_tiles.h"
 #include "variants_features.h"
 
 namespace xla_attn {
@@ -78,6 +80,62 @@ FwdPlan plan(const xla_attn_flash_fwd_params& p, const FwdTiles& t) {
   return plan;
 }
 
+FwdTiles sm90_tiles(int head_dim) {
+  const int d = flash_sm90::head_bucket(head_dim);
+  return {flash_sm90::kBlockM, size_t(flash_sm90::smem_bytes(d)), flash_sm90::kTargetBlocks,
+          sm80::kMinKeysPerSplit, sm80::kMaxSplits};
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// A [rows][heads][head_dim] tensor of 16-bit elements as the sm90 family reads it:
+// boxes of 64 columns x 1 head x `box_rows` rows, 128-byte swizzled.
+std::string encode_rows(sm90::TensorMap* map, const void* base, int64_t rows, int heads,
+                        int head_dim, int box_rows) {
+  const uint64_t dims[3] = {uint64_t(head_dim), uint64_t(heads), uint64_t(rows)};
+  const uint64_t strides[2] = {uint64_t(head_dim) * 2, uint64_t(heads) * head_dim * 2};
+  const uint32_t box[3] = {64, 1, uint32_t(box_rows)};
+  return dispatch::encode_tiled(map, base, 2, 3, dims, strides, box, 128, 128);
+}
+
+// The sm90 family (flash/fwd_sm90.cuh) where it takes the call: sm_90, 16-bit q/k/v,
+// not paged, no split wanted (asked for, or planned because the grid would not fill the
+// GPU), rows the copy engine can stride (head_dim % 8 == 0, 16-byte aligned tensors).
+// Returns false (and launches nothing) where it does not; `error` is set only when it
+// took the call and the launch failed.
+bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query& query,
+                 cudaStream_t stream, std::string* error) {
+  if (query.arch != 90 || params.block_table || params.num_splits > 1 ||
+      params.head_dim % 8 != 0 || params.total_k <= 0 || params.q_dtype != params.kv_dtype ||
+      (params.q_dtype != XLA_ATTN_F16 && params.q_dtype != XLA_ATTN_BF16) ||
+      !aligned16(params.q) || !aligned16(params.k) || !aligned16(params.v)) {
+    return false;
+  }
+  dispatch::Query q = query;
+  q.op = "flash_fwd_tma";
+  std::string unused;
+  const dispatch::VariantEntry* v = dispatch::select(q, &unused);
+  if (!v) return false;
+  const FwdTiles tiles = sm90_tiles(params.head_dim);
+  if (plan(params, tiles).splits > 1) return false;
+  flash_sm90::Args args;
+  args.p = params;
+  args.p.num_splits = 1;
+  const int block_n = flash_sm90::block_n(flash_sm90::head_bucket(params.head_dim));
+  if (!encode_rows(&args.q_map, params.q, params.total_q, params.num_heads, params.head_dim,
+                   flash_sm90::kBlockM).empty() ||
+      !encode_rows(&args.k_map, params.k, params.total_k, params.num_heads_k, params.head_dim,
+                   block_n).empty() ||
+      !encode_rows(&args.v_map, params.v, params.total_k, params.num_heads_k, params.head_dim,
+                   block_n).empty()) {
+    return false;
+  }
+  const dim3 grid(unsigned(std::max(1, (params.max_seqlen_q + tiles.block_m - 1) / tiles.block_m)),
+                  params.num_heads, params.batch + 1);
+  *error = dispatch::launch(*v, grid, tiles.smem, stream, &args);
+  return true;
+}
+
 }  // namespace
 
 // Sized at trace time from shapes alone (xla_attn_flash_fwd_workspace_size is given no
@@ -95,6 +153,7 @@ std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t st
   std::string error;
   dispatch::Query q = fwd_query(p);
   if ((q.arch = dispatch::current_arch(&error)) < 0) return error;
+  if (launch_sm90(p, q, stream, &error)) return error;
   const dispatch::VariantEntry* v = dispatch::select(q, &error);
   if (!v) return error;
   const bool sm80 = std::strcmp(v->family, "sm80") == 0;

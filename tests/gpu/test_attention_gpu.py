@@ -18,7 +18,9 @@ from xla_attn import jax as xj  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-FAMILIES = ["portable", "sm80"]
+# "sm90,sm80": the Hopper forward where it takes the call (sm_90; not paged, not split),
+# the sm80 kernels for the rest (the backward, paged K/V, split-KV, d <= 32).
+FAMILIES = ["portable", "sm80", "sm90,sm80"]
 DTYPES = ["float32", "float16", "bfloat16"]
 HEAD_DIMS = [32, 64, 80, 128, 256]
 FEATURES = {
@@ -56,6 +58,10 @@ def _skip_outside(family, dtype="bfloat16"):
     on the portable family, which the "portable" param tests."""
     if "sm80" in family.split(",") and dtype not in ("float16", "bfloat16"):
         pytest.skip("sm80 family: f16/bf16 only (f32 and fp8 are portable's)")
+
+
+def _is_sm90(device):
+    return getattr(device, "compute_capability", "") == "9.0"
 
 
 def _on(device, *arrays):
@@ -105,6 +111,52 @@ def test_flash_forward_long(family, gpu_device, rng, mk, dtype, head_dim, featur
                                                        return_softmax_lse=True, **kw))(
         *_on(gpu_device, q, k, v, cu_q, cu_k))
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap",
+                                     "alibi_batch"])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_flash_forward_sm90_nan_tails(gpu_device, rng, mk, monkeypatch, dtype, head_dim, feature):
+    """The Hopper forward alone (XLA_ATTN_FORCE_FAMILY=sm90: a call it did not take would
+    find no kernel): whole 128-row Q boxes and 64/128-key K/V boxes read past each
+    sequence, into the next one and into padding rows holding NaN, as do keys past
+    seqused_k; GQA 3, several row blocks and key tiles, head_dim 80 padded to 128."""
+    if not _is_sm90(gpu_device):
+        pytest.skip("the sm90 family runs on sm_90 only")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
+    lens_q, lens_k = [300, 129, 1, 64, 0], [300, 200, 333, 64, 70]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=6, heads_k=2,
+                                           head_dim=head_dim, pad_q=7, pad_k=9)
+    seqused = np.array([300, 150, 333, 64, 70], np.int32)
+    nan = np.array(np.nan, q.dtype)
+    q[int(cu_q[-1]):], k[int(cu_k[-1]):], v[int(cu_k[-1]):] = nan, nan, nan
+    k[int(cu_k[1]) + 150:int(cu_k[2])] = nan  # keys past seqused_k of sequence 1
+    v[int(cu_k[1]) + 150:int(cu_k[2])] = nan
+    kw = _feature_kwargs(rng, mk, feature, 6, len(lens_q))
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
+                                                 **kw)
+    args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused)
+    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
+              for key, val in kw.items()}
+    out, lse = jax.jit(lambda q, k, v, cq, ck, su: xj.flash_attn_varlen(
+        q, k, v, cq, ck, max(lens_q), max(lens_k), seqused_k=su, return_softmax_lse=True,
+        **kw_dev))(*args)
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
+
+
+def test_flash_forward_sm90_declines(gpu_device, rng, mk, monkeypatch):
+    """A call the Hopper forward does not take (head_dim 100: rows the copy engine
+    cannot stride) names the families it looked in rather than running anything."""
+    if not _is_sm90(gpu_device):
+        pytest.skip("the sm90 family runs on sm_90 only")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "bfloat16", [8], [8], heads=2, heads_k=2,
+                                           head_dim=100)
+    with pytest.raises(Exception, match="XLA_ATTN_FORCE_FAMILY"):
+        jax.block_until_ready(jax.jit(lambda *a: xj.flash_attn_varlen(*a, 8, 8))(
+            *_on(gpu_device, q, k, v, cu_q, cu_k)))
 
 
 @pytest.mark.parametrize("head_dim", [7, 20, 100, 250])

@@ -1,0 +1,229 @@
+// Flash attention forward, sm90 family (sm_90a; f16 and bf16): FlashAttention-2's
+// online softmax on Hopper's own instructions (the FA3 paper's structure, arXiv
+// 2407.08608): tiles land by bulk tensor copies (TMA) on mbarriers, products run as
+// warpgroup wgmma, and the block is warp-specialized.
+//
+// One block = kBlockM (128) query rows of one head of one sequence:
+// - warpgroup 0, the producer: one thread copies Q once and then each K / V tile into
+//   kStages shared-memory stages, each copy completing on its stage's full barrier, a
+//   stage refilled once both consumers have released it (its empty barrier);
+// - warpgroups 1 and 2, the consumers, 64 query rows each: S = Q K^T (wgmma, both
+//   operands in shared memory), the online softmax in registers (sm80::TileSoftmax, the
+//   same code as the sm80 family: the accumulator fragments are mma.sync's), P rounded
+//   to 16 bits in registers and O += P V (wgmma, P from registers, V read N-major).
+//
+// The contract is the sm80 kernel's for what this family takes (the launcher sends the
+// rest there): varlen, seqused_k, GQA, causal / sliding window, softcap, ALiBi, lse
+// (+inf for rows that see no key), batch_used, decode_max_q; not paged K/V, not split-KV,
+// and head_dim % 8 == 0 with 16-byte aligned tensors (the copy engine's strides).
+//
+// Rows past a sequence: the copy engine reads whole boxes, so a tile's rows past the
+// sequence's keys hold the next sequence's or padding data (NaN, say). Their scores
+// are masked by a select; their V rows are zeroed in shared memory before P V (0 x NaN
+// would be NaN); output rows past the sequence's queries are not written.
+#pragma once
+#include "common/tma_sm90.cuh"
+#include "common/wgmma_sm90.cuh"
+#include "flash/fwd_sm80.cuh"
+#include "flash/sm90_tiles.h"
+
+namespace xla_attn {
+
+template <typename T, int D>
+__device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
+  using namespace flash_sm90;
+  constexpr int kBlockN = block_n(D);
+  constexpr int kColBlocks = D / 64;  // 64-column blocks of a row
+  constexpr int kNT = kBlockN / 8;    // n8 tiles of S
+  constexpr int kDT = D / 8;          // n8 tiles of O
+  constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;   // one column block of Q
+  constexpr uint32_t kKVBlockBytes = kBlockN * kRowBytes;  // one column block of K or V
+  constexpr uint32_t kKVBytes = kColBlocks * kKVBlockBytes;
+  const xla_attn_flash_fwd_params& p = a.p;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  FwdBlock blk;
+  if (!blk.locate<T>(p, kBlockM, kBlockN)) return;
+  const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd, hk = blk.hk;
+  const int n_lo = blk.n_lo, n_hi = blk.n_hi;
+  const Sequence& s = blk.s;
+  const Window& win = blk.win;
+  const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
+
+  const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
+  const uint32_t sQ = base;
+  const uint32_t sK = sQ + uint32_t(q_bytes(D));
+  const uint32_t sV = sK + kStages * kKVBytes;
+  const uint32_t bars = sV + kStages * kKVBytes;
+  const uint32_t q_full = bars;
+  auto full_k = [&](int st) { return bars + 8u * uint32_t(1 + st); };
+  auto full_v = [&](int st) { return bars + 8u * uint32_t(1 + kStages + st); };
+  auto empty = [&](int st) { return bars + 8u * uint32_t(1 + 2 * kStages + st); };
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(q_full);
+    for (int st = 0; st < kStages; ++st) {
+      sm90::mbar_init(full_k(st));
+      sm90::mbar_init(full_v(st));
+      sm90::mbar_init(empty(st), 4 * kConsumerWarpgroups);  // one arrival per consumer warp
+    }
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    // The producer. Coordinates are (column, head, row), innermost first; boxes past
+    // the tensor's rows or head_dim read as zeros.
+    sm90::regs_release<kProducerRegs>();
+    if (threadIdx.x == 0 && tiles > 0) {
+      sm90::prefetch_tensor_map(&a.k_map);
+      sm90::prefetch_tensor_map(&a.v_map);
+      sm90::mbar_arrive_expect_tx(q_full, kColBlocks * kQBlockBytes);
+      for (int c = 0; c < kColBlocks; ++c) {
+        sm90::tma_load_3d(sQ + c * kQBlockBytes, &a.q_map, q_full, 64 * c, h,
+                          int(s.q_start + m0));
+      }
+      for (int j = 0; j < tiles; ++j) {
+        const int st = j % kStages;
+        // Stage st last held tile j - kStages: its (j / kStages - 1)-th release.
+        if (j >= kStages) sm90::mbar_wait(empty(st), uint32_t(j / kStages - 1) & 1u);
+        const int row = int(s.k_start + n_lo + j * kBlockN);
+        sm90::mbar_arrive_expect_tx(full_k(st), kKVBytes);
+        for (int c = 0; c < kColBlocks; ++c) {
+          sm90::tma_load_3d(sK + st * kKVBytes + c * kKVBlockBytes, &a.k_map, full_k(st), 64 * c,
+                            hk, row);
+        }
+        sm90::mbar_arrive_expect_tx(full_v(st), kKVBytes);
+        for (int c = 0; c < kColBlocks; ++c) {
+          sm90::tma_load_3d(sV + st * kKVBytes + c * kKVBlockBytes, &a.v_map, full_v(st), 64 * c,
+                            hk, row);
+        }
+      }
+    }
+  } else {
+    sm90::regs_acquire<kConsumerRegs>();
+    const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
+    const int row0 = (ct / 128) * 64;  // the warpgroup's first row in the block
+    const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
+
+    // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).
+    const bool softcap = p.softcap > 0.f;
+    const float mul = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+    const float cap = p.softcap * kLog2e;
+    const float slope =
+        (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] : 0.f) * kLog2e;
+    const bool prescale = !softcap && !(mul > 0.f);
+    const float exp_mul = softcap || prescale ? 1.f : mul;
+    // Keys every row of the block sees, inside its range: tiles there need no mask.
+    int full_lo, full_hi;
+    win.keys_seen_by_all(m0, min(m0 + kBlockM, s.num_q) - 1, s.offset, s.num_k, &full_lo,
+                         &full_hi);
+    full_hi = min(full_hi, n_hi);
+
+    float o[1][kDT][4] = {};  // rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16
+    float m[1][2] = {{-XLA_ATTN_INF, -XLA_ATTN_INF}}, l[1][2] = {{0.f, 0.f}};
+    float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
+
+    if (tiles > 0) sm90::mbar_wait(q_full, 0u);
+    for (int j = 0; j < tiles; ++j) {
+      const int st = j % kStages, n0 = n_lo + j * kBlockN;
+      const uint32_t parity = uint32_t(j / kStages) & 1u;
+      const uint32_t tK = sK + st * kKVBytes, tV = sV + st * kKVBytes;
+
+      // S = Q K^T: D / 16 k-steps, each 32 bytes further along a 128-byte row, the next
+      // column block every 4 steps.
+      float sc[1][kNT][4];
+      float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
+      sm90::mbar_wait(full_k(st), parity);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t at = uint32_t(kk % 4) * 32u;
+        const uint64_t dq = sm90::smem_desc(sQ + (kk / 4) * kQBlockBytes + row0 * kRowBytes + at, 16);
+        const uint64_t dk = sm90::smem_desc(tK + (kk / 4) * kKVBlockBytes + at, 16);
+        sm90::wgmma_ss<kBlockN, T>(s_flat, dq, dk, kk > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(s_flat);
+
+      // Online softmax (sm80::TileSoftmax); O is rescaled in registers (no product is
+      // writing it now).
+      const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi);
+      const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
+                                  win, mul, cap, exp_mul, slope / exp_mul, prescale,
+                                  prescale || slope != 0.f, false, nullptr};
+      if (!(mask | softcap)) {
+        tsm.run<false, false>(sc, m, l, o);
+      } else if (!softcap) {
+        tsm.run<true, false>(sc, m, l, o);
+      } else if (!mask) {
+        tsm.run<false, true>(sc, m, l, o);
+      } else {
+        tsm.run<true, true>(sc, m, l, o);
+      }
+      uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+
+      sm90::mbar_wait(full_v(st), parity);
+      sm90::wgmma_hold(o_flat);
+      sm90::wgmma_hold(pa);
+      if (n0 + kBlockN > n_hi) {
+        // The tile's rows past the range: zeros in every column block (both consumer
+        // warpgroups read them; all 256 threads write a share, then meet).
+        const int have = n_hi - n0;
+        for (int c = ct; c < kColBlocks * kBlockN * (kRowBytes / 16); c += 256) {
+          const int r = (c / (kRowBytes / 16)) % kBlockN;
+          if (r >= have) {
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
+                         "r"(0u)
+                         : "memory");
+          }
+        }
+        sm90::fence_proxy_async_shared();
+        sm90::named_barrier(1, 256);
+      }
+      // O += P V: block_n / 16 k-steps of 16 keys (2 KB of V rows each); N = D spans the
+      // column blocks, kKVBlockBytes apart (the descriptor's leading offset).
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const uint64_t dv = sm90::smem_desc(tV + uint32_t(kk) * 16u * kRowBytes, kKVBlockBytes);
+        sm90::wgmma_rs<D, T>(o_flat, pa[kk], dv);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(o_flat);
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(empty(st));
+    }
+
+    // Epilogue: normalise and write rows of the sequence, lse per row.
+    T* out = static_cast<T*>(p.out) + int64_t(h) * hd;
+    const int64_t q_stride = int64_t(p.num_heads) * hd;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = l[0][hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? __fdividef(1.f, sum) : 0.f;
+      const int i = m0 + row0 + warp * 16 + g + 8 * hf;
+      if (i >= s.num_q) continue;
+      T* row = out + (s.q_start + i) * q_stride;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        const int d = dt * 8 + 2 * t;
+        if (d < hd) {
+          *reinterpret_cast<uint32_t*>(row + d) =
+              sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv);
+        }
+      }
+      if (t == 0 && p.softmax_lse) {
+        p.softmax_lse[int64_t(h) * p.total_q + s.q_start + i] =
+            sum > 0.f ? m[0][hf] * kLn2 + __logf(sum) : XLA_ATTN_INF;
+      }
+    }
+  }
+}
+
+}  // namespace xla_attn

@@ -1,0 +1,64 @@
+// Tile shapes of the sm90 flash family (wgmma + TMA, sm_90a), read by the kernel
+// (flash/fwd_sm90.cuh, NVRTC) and by the host launch code (flash/launch.cc).
+#pragma once
+#include "common/tensor_map.h"
+#include "flash/params.h"
+
+namespace xla_attn::flash_sm90 {
+
+// One block = a producer warpgroup (one thread issues every bulk tensor copy) and two
+// consumer warpgroups of 64 query rows each (wgmma's M). Two consumers let one run its
+// softmax while the other's products run on the tensor cores (FA3's ping-pong, left
+// to the warp schedulers here rather than enforced with barriers).
+constexpr int kConsumerWarpgroups = 2;
+constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+constexpr int kBlockM = 64 * kConsumerWarpgroups;
+
+// Registers a thread after setmaxnreg (sm_90a): 384 threads start at 168 (65536 / 384,
+// rounded down to 8); the producer drops to 24 and the consumers take 240, 128 x 24 +
+// 256 x 240 = 64512 <= 65536. A consumer holds S (block_n / 2 f32), O (D / 2 f32) and
+// P (block_n / 4 b32): d128 64 + 64 + 32, d256 32 + 128 + 16.
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+
+// Head dims are padded with zeros up to 64, 128 or 256 (the copy engine fills columns
+// past head_dim with zeros): whole 128-byte rows per 64-column block.
+XLA_ATTN_HOST_DEVICE constexpr int head_bucket(int head_dim) {
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+
+// Keys per K/V tile: S is 64 x block_n per consumer warpgroup. 128 up to d128 (S 64 +
+// O 64 registers at d128); d256 takes 64 so that O's 128 registers fit beside S.
+XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 128 : 64; }
+
+// K/V tiles in flight: the producer fills stage j + 1 while tile j is computed.
+constexpr int kStages = 2;
+
+// Shared memory, every tile in 64-column blocks of 128-byte rows (the 128-byte swizzle
+// repeats every 1 KB, so every block starts on a 1 KB boundary): Q (kBlockM rows), then
+// kStages K tiles, kStages V tiles, then the barriers. kAlign of slack aligns the start.
+// d128: 32 + 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's limit on sm_90).
+constexpr int kAlign = 1024;
+constexpr int kRowBytes = 128;  // one 64-column block of a row, 16-bit elements
+XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d) { return kBlockM * 2 * d; }
+XLA_ATTN_HOST_DEVICE constexpr int kv_bytes(int d) { return block_n(d) * 2 * d; }
+// q_full, then full_k, full_v and empty per stage: 8 bytes each.
+constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d) {
+  return kAlign + q_bytes(d) + 2 * kStages * kv_bytes(d) + kBarrierBytes;
+}
+static_assert(smem_bytes(256) <= 227 * 1024, "the d256 tiles exceed sm_90's 227 KB a block");
+
+// Split-KV is not this family's: where the grid cannot fill the GPU by itself (one
+// block an SM, 132 SMs on an H100), the launcher takes the sm80 family, which splits.
+constexpr int kTargetBlocks = 132;
+
+// What the kernel receives: the op's params and the tensor maps of Q, K and V, each a
+// 3-d view [rows][heads][head_dim] (innermost last) read in boxes of 64 columns x 1
+// head x kBlockM (Q) or block_n (K, V) rows.
+struct Args {
+  xla_attn_flash_fwd_params p;
+  sm90::TensorMap q_map, k_map, v_map;
+};
+
+}  // namespace xla_attn::flash_sm90
