@@ -237,6 +237,24 @@ struct TileSoftmax {
   template <bool kMask, bool kCap, int kMT, int kNT, int kDT>
   __device__ __forceinline__ void run(float (&sc)[kMT][kNT][4], float (&m)[kMT][2],
                                       float (&l)[kMT][2], float (&o)[kMT][kDT][4]) const {
+    run_with<kMask, kCap>(sc, m, l, [&](const float (&corr)[kMT][2]) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[mt][dt][i] *= corr[mt][i / 2];
+        }
+      }
+    });
+  }
+
+  // The same with O's rescale handed to rescale_o(corr) (corr: each row's factor),
+  // called where some row of the warp moved its max: the sm90 family defers it until
+  // the asynchronous P V product that is writing O has completed.
+  template <bool kMask, bool kCap, int kMT, int kNT, typename RescaleO>
+  __device__ __forceinline__ void run_with(float (&sc)[kMT][kNT][4], float (&m)[kMT][2],
+                                           float (&l)[kMT][2], RescaleO&& rescale_o) const {
     constexpr int kBlockN = kNT * 8;
     // The rare transforms behind one uniform branch (a branch each cost ~0.5 % of the
     // d64 S=512 stall samples).
@@ -360,13 +378,9 @@ struct TileSoftmax {
       }
     }
     if (__any_sync(0xffffffffu, moved)) {
+      rescale_o(corr);
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) o[mt][dt][i] *= corr[mt][i / 2];
-        }
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) l[mt][hf] *= corr[mt][hf];
       }

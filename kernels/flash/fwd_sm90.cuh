@@ -55,16 +55,20 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   const uint32_t sK = sQ + uint32_t(q_bytes(D));
   const uint32_t sV = sK + kStages * kKVBytes;
   const uint32_t bars = sV + kStages * kKVBytes;
+  // q_full, then per stage: full_k, full_v (the producer's copies landed), empty_k,
+  // empty_v (both consumer warpgroups are done reading). K and V are released apart: K_j
+  // once S_j is computed, a whole softmax and P V earlier than V_j, so that the producer
+  // can land K_{j+2} while tile j + 1 is still being consumed.
   const uint32_t q_full = bars;
-  auto full_k = [&](int st) { return bars + 8u * uint32_t(1 + st); };
-  auto full_v = [&](int st) { return bars + 8u * uint32_t(1 + kStages + st); };
-  auto empty = [&](int st) { return bars + 8u * uint32_t(1 + 2 * kStages + st); };
+  auto bar = [&](int kind, int st) { return bars + 8u * uint32_t(1 + kind * kStages + st); };
+  enum { kFullK, kFullV, kEmptyK, kEmptyV };
   if (threadIdx.x == 0) {
     sm90::mbar_init(q_full);
     for (int st = 0; st < kStages; ++st) {
-      sm90::mbar_init(full_k(st));
-      sm90::mbar_init(full_v(st));
-      sm90::mbar_init(empty(st), 4 * kConsumerWarpgroups);  // one arrival per consumer warp
+      sm90::mbar_init(bar(kFullK, st));
+      sm90::mbar_init(bar(kFullV, st));
+      sm90::mbar_init(bar(kEmptyK, st), 4 * kConsumerWarpgroups);  // one arrival a warp
+      sm90::mbar_init(bar(kEmptyV, st), 4 * kConsumerWarpgroups);
     }
     sm90::mbar_init_fence();
   }
@@ -82,27 +86,27 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         sm90::tma_load_3d(sQ + c * kQBlockBytes, &a.q_map, q_full, 64 * c, h,
                           int(s.q_start + m0));
       }
-      for (int j = 0; j < tiles; ++j) {
+      // Tile j into stage j % kStages, each tensor once the stage's previous tile (j -
+      // kStages) has released it: its (j / kStages - 1)-th release.
+      auto load = [&](int j, int kind, uint32_t tiles_at, const sm90::TensorMap* map) {
         const int st = j % kStages;
-        // Stage st last held tile j - kStages: its (j / kStages - 1)-th release.
-        if (j >= kStages) sm90::mbar_wait(empty(st), uint32_t(j / kStages - 1) & 1u);
+        if (j >= kStages) sm90::mbar_wait(bar(kind + 2, st), uint32_t(j / kStages - 1) & 1u);
+        sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
         const int row = int(s.k_start + n_lo + j * kBlockN);
-        sm90::mbar_arrive_expect_tx(full_k(st), kKVBytes);
         for (int c = 0; c < kColBlocks; ++c) {
-          sm90::tma_load_3d(sK + st * kKVBytes + c * kKVBlockBytes, &a.k_map, full_k(st), 64 * c,
-                            hk, row);
+          sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
+                            64 * c, hk, row);
         }
-        sm90::mbar_arrive_expect_tx(full_v(st), kKVBytes);
-        for (int c = 0; c < kColBlocks; ++c) {
-          sm90::tma_load_3d(sV + st * kKVBytes + c * kKVBlockBytes, &a.v_map, full_v(st), 64 * c,
-                            hk, row);
-        }
+      };
+      for (int j = 0; j < tiles; ++j) {
+        load(j, kFullK, sK, &a.k_map);
+        load(j, kFullV, sV, &a.v_map);
       }
     }
   } else {
     sm90::regs_acquire<kConsumerRegs>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
-    const int row0 = (ct / 128) * 64;  // the warpgroup's first row in the block
+    const int wg = ct / 128, row0 = wg * 64;  // the warpgroup and its first row in the block
     const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
 
     // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).
@@ -122,59 +126,47 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     float o[1][kDT][4] = {};  // rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16
     float m[1][2] = {{-XLA_ATTN_INF, -XLA_ATTN_INF}}, l[1][2] = {{0.f, 0.f}};
     float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
+    float sc[1][kNT][4];
+    float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
+    uint32_t pa[kBlockN / 16][4];  // P of the previous tile, P V's A operand
+    auto parity = [](int j) { return uint32_t(j / kStages) & 1u; };
+    // Consumer warp's release of stage st's K or V (after __syncwarp, every lane's reads
+    // of the product that used it have completed).
+    auto release = [&](int kind, int st) {
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(bar(kind, st));
+    };
 
-    if (tiles > 0) sm90::mbar_wait(q_full, 0u);
-    for (int j = 0; j < tiles; ++j) {
-      const int st = j % kStages, n0 = n_lo + j * kBlockN;
-      const uint32_t parity = uint32_t(j / kStages) & 1u;
-      const uint32_t tK = sK + st * kKVBytes, tV = sV + st * kKVBytes;
-
-      // S = Q K^T: D / 16 k-steps, each 32 bytes further along a 128-byte row, the next
-      // column block every 4 steps.
-      float sc[1][kNT][4];
-      float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
-      sm90::mbar_wait(full_k(st), parity);
+    // S = Q K_j^T, issued (not waited for): D / 16 k-steps, each 32 bytes further along
+    // the 128-byte rows, the next column block every 4 steps.
+    auto issue_s = [&](int j) {
+      const int st = j % kStages;
+      sm90::mbar_wait(bar(kFullK, st), parity(j));
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t at = uint32_t(kk % 4) * 32u;
-        const uint64_t dq = sm90::smem_desc(sQ + (kk / 4) * kQBlockBytes + row0 * kRowBytes + at, 16);
-        const uint64_t dk = sm90::smem_desc(tK + (kk / 4) * kKVBlockBytes + at, 16);
+        const uint32_t at = uint32_t(kk / 4) * kQBlockBytes + uint32_t(kk % 4) * 32u;
+        const uint64_t dq = sm90::smem_desc(sQ + at + row0 * kRowBytes, 16);
+        const uint64_t dk =
+            sm90::smem_desc(sK + st * kKVBytes + uint32_t(kk / 4) * kKVBlockBytes +
+                                uint32_t(kk % 4) * 32u, 16);
         sm90::wgmma_ss<kBlockN, T>(s_flat, dq, dk, kk > 0);
       }
       sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      sm90::wgmma_hold(s_flat);
-
-      // Online softmax (sm80::TileSoftmax); O is rescaled in registers (no product is
-      // writing it now).
-      const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi);
-      const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
-                                  win, mul, cap, exp_mul, slope / exp_mul, prescale,
-                                  prescale || slope != 0.f, false, nullptr};
-      if (!(mask | softcap)) {
-        tsm.run<false, false>(sc, m, l, o);
-      } else if (!softcap) {
-        tsm.run<true, false>(sc, m, l, o);
-      } else if (!mask) {
-        tsm.run<false, true>(sc, m, l, o);
-      } else {
-        tsm.run<true, true>(sc, m, l, o);
-      }
-      uint32_t pa[kBlockN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
-
-      sm90::mbar_wait(full_v(st), parity);
-      sm90::wgmma_hold(o_flat);
-      sm90::wgmma_hold(pa);
+    };
+    // O += P V_j, issued: block_n / 16 k-steps of 16 keys (2 KB of V rows each); N = D
+    // spans the column blocks, kKVBlockBytes apart (the descriptor's leading offset).
+    // The last tile's rows past the block's key range are zeroed first (they may hold
+    // the next sequence's keys or NaN padding, and 0 x NaN is NaN): both consumer
+    // warpgroups read them, so all 256 threads write a share and meet.
+    auto issue_pv = [&](int j) {
+      const int st = j % kStages, n0 = n_lo + j * kBlockN;
+      const uint32_t tV = sV + st * kKVBytes;
+      sm90::mbar_wait(bar(kFullV, st), parity(j));
       if (n0 + kBlockN > n_hi) {
-        // The tile's rows past the range: zeros in every column block (both consumer
-        // warpgroups read them; all 256 threads write a share, then meet).
         const int have = n_hi - n0;
         for (int c = ct; c < kColBlocks * kBlockN * (kRowBytes / 16); c += 256) {
-          const int r = (c / (kRowBytes / 16)) % kBlockN;
-          if (r >= have) {
+          if ((c / (kRowBytes / 16)) % kBlockN >= have) {
             asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
                          "r"(0u)
                          : "memory");
@@ -183,8 +175,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         sm90::fence_proxy_async_shared();
         sm90::named_barrier(1, 256);
       }
-      // O += P V: block_n / 16 k-steps of 16 keys (2 KB of V rows each); N = D spans the
-      // column blocks, kKVBlockBytes apart (the descriptor's leading offset).
+      sm90::wgmma_hold(o_flat);
+      sm90::wgmma_hold(pa);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -192,36 +184,120 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         sm90::wgmma_rs<D, T>(o_flat, pa[kk], dv);
       }
       sm90::wgmma_commit();
+    };
+    // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is
+    // handed back (corr, rescale) for after the P V product in flight.
+    float corr[1][2];
+    bool rescale = false;
+    auto softmax = [&](int j) {
+      const int n0 = n_lo + j * kBlockN;
+      const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi);
+      const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
+                                  win, mul, cap, exp_mul, slope / exp_mul, prescale,
+                                  prescale || slope != 0.f, false, nullptr};
+      rescale = false;
+      auto defer = [&](const float (&c)[1][2]) {
+        corr[0][0] = c[0][0];
+        corr[0][1] = c[0][1];
+        rescale = true;
+      };
+      if (!(mask | softcap)) {
+        tsm.run_with<false, false>(sc, m, l, defer);
+      } else if (!softcap) {
+        tsm.run_with<true, false>(sc, m, l, defer);
+      } else if (!mask) {
+        tsm.run_with<false, true>(sc, m, l, defer);
+      } else {
+        tsm.run_with<true, true>(sc, m, l, defer);
+      }
+    };
+    // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
+    // P V has completed: a register an in-flight product reads may not be written
+    // (ptxas serializes every wgmma of the kernel otherwise, C7513).
+    auto to_p = [&] {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+      }
+    };
+
+    // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
+    // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O
+    // is rescaled once it has landed.
+    if (tiles > 0) {
+      sm90::mbar_wait(q_full, 0u);
+      issue_s(0);
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(s_flat);
+      release(kEmptyK, 0);
+      softmax(0);  // O is still zero: nothing to rescale
+      to_p();
+    }
+    for (int j = 1; j < tiles; ++j) {
+      issue_s(j);
+      issue_pv(j - 1);
+      sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+      sm90::wgmma_hold(s_flat);
+      release(kEmptyK, j % kStages);
+      softmax(j);
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(o_flat);
-      __syncwarp();
-      if (lane == 0) sm90::mbar_arrive(empty(st));
+      release(kEmptyV, (j - 1) % kStages);
+      if (rescale) {
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[0][dt][i] *= corr[0][i / 2];
+        }
+      }
+      to_p();
+    }
+    if (tiles > 0) {
+      issue_pv(tiles - 1);
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(o_flat);
+      release(kEmptyV, (tiles - 1) % kStages);
     }
 
-    // Epilogue: normalise and write rows of the sequence, lse per row.
-    T* out = static_cast<T*>(p.out) + int64_t(h) * hd;
+    // Epilogue: O normalised and rounded, staged in this warpgroup's own rows of sQ
+    // (its last S product has completed; the other warpgroup reads only its own rows)
+    // in the tile layout, then written as 16-byte chunks of whole rows; lse per row.
     const int64_t q_stride = int64_t(p.num_heads) * hd;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float sum = l[0][hf];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      // MUFU reciprocal and logarithm (~1 ulp), as the sm80 kernel's epilogue.
       const float inv = sum > 0.f ? __fdividef(1.f, sum) : 0.f;
-      const int i = m0 + row0 + warp * 16 + g + 8 * hf;
-      if (i >= s.num_q) continue;
-      T* row = out + (s.q_start + i) * q_stride;
+      const int r = row0 + warp * 16 + g + 8 * hf, i = m0 + r;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
-        const int d = dt * 8 + 2 * t;
-        if (d < hd) {
-          *reinterpret_cast<uint32_t*>(row + d) =
-              sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv);
-        }
+        const uint32_t at = sQ + uint32_t(dt / 8) * kQBlockBytes + uint32_t(r) * kRowBytes +
+                            16u * uint32_t((dt % 8) ^ (r % 8)) + 4u * uint32_t(t);
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(at),
+                     "r"(sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv))
+                     : "memory");
       }
-      if (t == 0 && p.softmax_lse) {
+      if (t == 0 && i < s.num_q && p.softmax_lse) {
         p.softmax_lse[int64_t(h) * p.total_q + s.q_start + i] =
             sum > 0.f ? m[0][hf] * kLn2 + __logf(sum) : XLA_ATTN_INF;
       }
+    }
+    sm90::named_barrier(2 + wg, 128);
+    T* out = static_cast<T*>(p.out) + int64_t(h) * hd;
+    const bool vec_out = aligned_to<T>(p.out, 16);
+    constexpr int kChunks = D / 8;  // 16-byte chunks of a row
+    for (int idx = ct % 128; idx < 64 * kChunks; idx += 128) {
+      const int r = row0 + idx / kChunks, c = idx % kChunks, i = m0 + r;
+      if (i >= s.num_q || c * 8 >= hd) continue;
+      uint4 x;
+      const uint32_t at = sQ + uint32_t(c / 8) * kQBlockBytes + uint32_t(r) * kRowBytes +
+                          16u * uint32_t((c % 8) ^ (r % 8));
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                   : "r"(at));
+      sm80::store_chunk(out + (s.q_start + i) * q_stride, x, c * 8, hd, vec_out);
     }
   }
 }
