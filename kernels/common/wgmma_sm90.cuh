@@ -36,6 +36,14 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading_by
          uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
 }
 
+// Shared address of 16-byte chunk c of row r in such a tile at `base`: column block c /
+// 8 (`block_bytes` apart), row r (128 bytes), chunk c % 8 swizzled with the row.
+__device__ __forceinline__ uint32_t swizzled_chunk(uint32_t base, uint32_t block_bytes, int r,
+                                                   int c) {
+  return base + uint32_t(c / 8) * block_bytes + uint32_t(r) * 128u +
+         16u * uint32_t((c % 8) ^ (r % 8));
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -127,12 +135,12 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
       "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
       "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 
-// D (64 x N) = A B (accumulate = false) or D += A B; A (64 x 16) and B (N x 16) both
-// K-major in shared memory.
-#define XLA_ATTN_WGMMA_SS(N, REGS, ACC, A, B, FLAG, TY)                                       \
+// D (64 x N) = A B (accumulate = false) or D += A B; A (64 x 16) and B (16 x N) in
+// shared memory, K-major (TRANS "0, 0") or both M/N-major ("1, 1").
+#define XLA_ATTN_WGMMA_SS(N, REGS, ACC, A, B, FLAG, TY, TRANS)                                \
   asm volatile("{ .reg .pred p; setp.ne.b32 p, %" FLAG ", 0;\n"                               \
                "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS          \
-               ", %" A ", %" B ", p, 1, 1, 0, 0; }\n"                                       \
+               ", %" A ", %" B ", p, 1, 1, " TRANS "; }\n"                                 \
                : ACC(d)                                                                     \
                : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)))
 // D (64 x N) += A B; A (64 x 16) in registers, B (16 x N) N-major in shared memory.
@@ -142,22 +150,34 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
                : ACC(d)                                                                     \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
 
-template <int N, typename T>
+// kMNMajor: A (64 x 16) stored M-major and B (16 x N) N-major (imm-trans-a = imm-trans-b
+// = 1; 16-bit types only), as the backward's dQ = dS K reads dS^T and K as stored.
+template <int N, typename T, bool kMNMajor = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          bool accumulate) {
   constexpr bool kBf16 = kSameType<T, __nv_bfloat16>;
   static_assert(kBf16 || kSameType<T, __half>, "wgmma_ss takes __half or __nv_bfloat16");
   static_assert(N == 64 || N == 128, "wgmma_ss: N = 64 or 128");
-  if constexpr (N == 64 && kBf16) {
-    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "bf16");
+  if constexpr (N == 64 && kBf16 && kMNMajor) {
+    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "bf16",
+                      "1, 1");
+  } else if constexpr (N == 64 && kMNMajor) {
+    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "f16",
+                      "1, 1");
+  } else if constexpr (N == 64 && kBf16) {
+    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "bf16",
+                      "0, 0");
   } else if constexpr (N == 64) {
-    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "f16");
+    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "f16",
+                      "0, 0");
+  } else if constexpr (kMNMajor) {
+    static_assert(N == 64, "wgmma_ss: M/N-major at N = 64 only");
   } else if constexpr (kBf16) {
     XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
-                      "bf16");
+                      "bf16", "0, 0");
   } else {
     XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
-                      "f16");
+                      "f16", "0, 0");
   }
 }
 

@@ -115,6 +115,7 @@ MODULES = (
     Module("paged_decode_sm90", "paged/decode_sm90.cuh", min_arch=90, ptx_archs=("90",)),
     # wgmma and setmaxnreg are sm_90a instructions: one sm_90a cubin.
     Module("flash_fwd_sm90", "flash/fwd_sm90.cuh", min_arch=90, arch_specific=True),
+    Module("flash_bwd_sm90", "flash/bwd_sm90.cuh", min_arch=90, arch_specific=True),
 )
 
 # Head-dim buckets of the portable family (kernels/flash/portable_tiles.h): the
@@ -212,6 +213,22 @@ def _flash_fwd_sm90_variants():
             kernel=f"xla_attn_flash_fwd_sm90_{dt}_d{hi}",
             template=f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}>",
             params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
+            head_dim_max=hi, features=features, priority=20, threads=384)
+
+
+def _flash_bwd_sm90_variants():
+    # The Hopper dk/dv kernel (kernels/flash/bwd_sm90.cuh) of the atomic-dQ path, f16 and
+    # bf16, head dims 33-128 (buckets 64 and 128; d256's dK and dV do not fit a consumer's
+    # registers beside S^T and dP^T): 2 x 2. Its own op (its args carry tensor maps); the
+    # sm80 launcher takes it for the dk/dv step where it covers the call and keeps the
+    # sm80 delta and dq-convert kernels around it.
+    features = ALL_FEATURES & ~FEATURES["fp8"] & ~FEATURES["paged"]
+    for dt, (lo, hi) in itertools.product(("f16", "bf16"), SM90_HEAD_BUCKETS[:2]):
+        yield Variant(
+            op="flash_bwd_dkdv_tma", family="sm90", module="flash_bwd_sm90",
+            kernel=f"xla_attn_flash_bwd_dkdv_sm90_{dt}_d{hi}",
+            template=f"xla_attn::flash_bwd_dkdv_sm90<{DTYPES[dt][1]}, {hi}>",
+            params="xla_attn::flash_sm90::BwdArgs", dtype0=dt, dtype1=dt, head_dim_min=lo,
             head_dim_max=hi, features=features, priority=20, threads=384)
 
 
@@ -339,6 +356,6 @@ def _paged_decode_mma_variants():
 
 VARIANTS = (tuple(_reshape_and_cache_flash_variants()) + tuple(_flash_fwd_variants())
             + tuple(_flash_fwd_sm80_variants()) + tuple(_flash_fwd_sm90_variants())
-            + tuple(_flash_bwd_sm80_variants())
+            + tuple(_flash_bwd_sm80_variants()) + tuple(_flash_bwd_sm90_variants())
             + tuple(_flash_bwd_variants()) + tuple(_paged_decode_variants())
             + tuple(_paged_decode_mma_variants()))

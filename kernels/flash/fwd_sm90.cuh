@@ -273,8 +273,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       const int r = row0 + warp * 16 + g + 8 * hf, i = m0 + r;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
-        const uint32_t at = sQ + uint32_t(dt / 8) * kQBlockBytes + uint32_t(r) * kRowBytes +
-                            16u * uint32_t((dt % 8) ^ (r % 8)) + 4u * uint32_t(t);
+        const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, dt) + 4u * uint32_t(t);
         asm volatile("st.shared.u32 [%0], %1;" ::"r"(at),
                      "r"(sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv))
                      : "memory");
@@ -292,8 +291,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       const int r = row0 + idx / kChunks, c = idx % kChunks, i = m0 + r;
       if (i >= s.num_q || c * 8 >= hd) continue;
       uint4 x;
-      const uint32_t at = sQ + uint32_t(c / 8) * kQBlockBytes + uint32_t(r) * kRowBytes +
-                          16u * uint32_t((c % 8) ^ (r % 8));
+      const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, c);
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
                    : "r"(at));

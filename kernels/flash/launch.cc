@@ -136,6 +136,39 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   return true;
 }
 
+// The sm90 dk/dv kernel (flash/bwd_sm90.cuh) for the atomic-dQ path's middle step
+// where it covers the call: sm_90, 16-bit, head_dim <= 128 and % 8 == 0, 16-byte aligned
+// inputs. Returns false (launching nothing) where it does not; `error` is set only when
+// it took the step and the launch failed.
+bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features, int arch,
+                          cudaStream_t stream, std::string* error) {
+  if (arch != 90 || !p.workspace || !flash_sm90::bwd_covers(p.head_dim) ||
+      p.head_dim % 8 != 0 || p.total_q <= 0 || p.total_k <= 0 ||
+      (p.dtype != XLA_ATTN_F16 && p.dtype != XLA_ATTN_BF16) || !aligned16(p.q) ||
+      !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.dout)) {
+    return false;
+  }
+  std::string unused;
+  const dispatch::VariantEntry* v = dispatch::select(
+      {"flash_bwd_dkdv_tma", p.dtype, p.dtype, p.head_dim, features, arch}, &unused);
+  if (!v) return false;
+  flash_sm90::BwdArgs args;
+  args.p = p;
+  using flash_sm90::kBwdKeys;
+  using flash_sm90::kBwdRows;
+  if (!encode_rows(&args.q_map, p.q, p.total_q, p.num_heads, p.head_dim, kBwdRows).empty() ||
+      !encode_rows(&args.dout_map, p.dout, p.total_q, p.num_heads, p.head_dim, kBwdRows).empty() ||
+      !encode_rows(&args.k_map, p.k, p.total_k, p.num_heads_k, p.head_dim, kBwdKeys).empty() ||
+      !encode_rows(&args.v_map, p.v, p.total_k, p.num_heads_k, p.head_dim, kBwdKeys).empty()) {
+    return false;
+  }
+  const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + kBwdKeys - 1) / kBwdKeys),
+                  p.num_heads_k, p.batch + 1);
+  const size_t smem = size_t(flash_sm90::bwd_smem_bytes(flash_sm90::bwd_bucket(p.head_dim)));
+  *error = dispatch::launch(*v, grid, smem, stream, &args);
+  return true;
+}
+
 }  // namespace
 
 // Sized at trace time from shapes alone (xla_attn_flash_fwd_workspace_size is given no
@@ -244,9 +277,11 @@ std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::
   }
   const dim3 dkdv_grid(unsigned((std::max(p.max_seqlen_k, 1) + kB - 1) / kB) * grads_split,
                        p.num_heads_k, p.batch + 1);
-  if (!(error = dispatch::launch(*dkdv_kernel, dkdv_grid, dkdv_smem, stream, &p)).empty()) {
+  if (!launch_bwd_dkdv_sm90(p, features, arch, stream, &error) &&
+      !(error = dispatch::launch(*dkdv_kernel, dkdv_grid, dkdv_smem, stream, &p)).empty()) {
     return error;
   }
+  if (!error.empty()) return error;
   // dq from the accumulator: a block per 16 rows (sm80::kAccChunkRows); else the dq kernel.
   const int rows = atomic_dq ? sm80::kAccChunkRows : kB;
   const dim3 dq_grid((std::max(p.max_seqlen_q, 1) + rows - 1) / rows, p.num_heads, p.batch + 1);

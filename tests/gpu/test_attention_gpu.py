@@ -288,6 +288,51 @@ def _check_backward(device, rng, mk, dtype, head_dim, feature, lens_q, lens_k, h
     assert np.all(np.asarray(got[2], np.float64)[cu_k[-1]:] == 0)
 
 
+@pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap",
+                                     "alibi_batch"])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_flash_backward_sm90_nan_tails(gpu_device, rng, mk, monkeypatch, dtype, head_dim,
+                                       feature):
+    """The Hopper dk/dv kernel (with sm80's delta and dq-convert around it): Q / dO
+    boxes of 64 rows and K / V boxes of 128 keys read into the next sequence and into
+    padding rows holding NaN, as do keys past seqused_k; GQA 3, several key blocks and
+    row tiles, head_dim 80 padded to 128; dq, dk, dv against the float64 reference and
+    exactly zero on padding rows."""
+    if not _is_sm90(gpu_device):
+        pytest.skip("the sm90 family runs on sm_90 only")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90,sm80")
+    lens_q, lens_k = [300, 129, 1, 64, 0], [300, 200, 333, 64, 70]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=6, heads_k=2,
+                                           head_dim=head_dim, pad_q=7, pad_k=9)
+    dout = mk.random_array(rng, q.shape, dtype)
+    seqused = np.array([300, 150, 333, 64, 70], np.int32)
+    nan = np.array(np.nan, q.dtype)
+    q[int(cu_q[-1]):], dout[int(cu_q[-1]):] = nan, nan
+    k[int(cu_k[-1]):], v[int(cu_k[-1]):] = nan, nan
+    k[int(cu_k[1]) + 150:int(cu_k[2])] = nan  # keys past seqused_k of sequence 1
+    v[int(cu_k[1]) + 150:int(cu_k[2])] = nan
+    kw = _feature_kwargs(rng, mk, feature, 6, len(lens_q))
+    exp = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, None, seqused_k=seqused, **kw)
+    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
+              for key, val in kw.items()}
+
+    def grads(q, k, v, cq, ck, su, do):
+        f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cq, ck, max(lens_q),  # noqa: E731
+                                                 max(lens_k), seqused_k=su, **kw_dev)
+        return jax.vjp(f, q, k, v)[1](do)
+
+    got = jax.jit(grads)(*_on(gpu_device, q, k, v, cu_q, cu_k, seqused, dout))
+    for name, g, e in zip(("dq", "dk", "dv"), got, exp):
+        g = np.asarray(g, np.float64)
+        assert np.isfinite(g).all(), f"{name}: not finite"
+        err = ref.rel_error(g, e)
+        assert err < ref.BOUNDS[dtype], f"{name}: {err:.3g}"
+    assert np.all(np.asarray(got[0], np.float64)[cu_q[-1]:] == 0)
+    assert np.all(np.asarray(got[1], np.float64)[cu_k[-1]:] == 0)
+    assert np.all(np.asarray(got[2], np.float64)[cu_k[-1]:] == 0)
+
+
 @pytest.mark.parametrize("shape", ["g4-d128-bs16", "g8-d64-bs64", "g2-d256-bs32"])
 @pytest.mark.parametrize("cache", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2",
                                    "uint8-fp8_e4m3"])

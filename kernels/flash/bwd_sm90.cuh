@@ -1,0 +1,350 @@
+// Flash attention backward, sm90 family (sm_90a; f16 and bf16, head dims <= 128): the
+// dk/dv kernel of the sm80 family's atomic-dQ path (flash/bwd_sm80.cuh) on wgmma, its
+// tiles landed by bulk tensor copies. The sm80 delta (D = dO . O, zeroing the dQ
+// accumulator) and dq-convert kernels run before and after it unchanged: this kernel
+// adds dS K into the same f32 accumulator, in the same chunk layout (sm80_tiles.h).
+//
+// One block = 128 keys of one kv head of one sequence (grid: key blocks, kv heads,
+// batch + 1 padding block):
+// - warpgroup 0, the producer: thread 0 copies K and V once, then for every tile (query
+//   head of the GQA group x 64 query rows) Q and dO into one of kStages stages; all 128
+//   threads write the tile's lse and D rows (zeros past the rows that see the block).
+// - warpgroups 1 and 2, the consumers, 64 keys each: per tile S^T = K Q^T and dP^T = V
+//   dO^T (wgmma, both operands in shared memory), P^T = exp2(S^T - lse) and dS^T = P^T
+//   (dP^T - D) in registers (the sm80 kernel's masks, softcap and ALiBi), dV += P^T dO and
+//   dK += dS^T Q (P^T, dS^T from registers, dO and Q read N-major), and dQ = dS K over
+//   the warpgroup's keys (dS^T through shared memory, read M-major) added into the
+//   accumulator with red.global.add.v4.f32.
+//
+// Rows the boxes read past a sequence (the next sequence's rows, NaN padding, keys past
+// seqused_k) are zeroed in shared memory before any product reads them: 0 x NaN is NaN.
+#pragma once
+#include "common/tma_sm90.cuh"
+#include "common/wgmma_sm90.cuh"
+#include "flash/bwd_sm80.cuh"
+#include "flash/sm90_tiles.h"
+
+namespace xla_attn {
+
+namespace flash_sm90 {
+
+// Zeroes rows [from, rows) of a column-blocked tile (rows x 128 bytes a block) with the
+// 256 consumer threads (ct their index), then makes the zeros visible to the tensor
+// cores (proxy fence) and meets the other consumers at named barrier 1.
+template <int kColBlocks>
+__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int rows, int from, int ct) {
+  constexpr int kChunksPerRow = kRowBytes / 16;
+  for (int c = ct; c < kColBlocks * rows * kChunksPerRow; c += 256) {
+    if ((c / kChunksPerRow) % rows >= from) {
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tile + 16u * uint32_t(c)),
+                   "r"(0u)
+                   : "memory");
+    }
+  }
+}
+
+}  // namespace flash_sm90
+
+template <typename T, int D>
+__device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
+  using namespace flash_sm90;
+  const xla_attn_flash_bwd_params& p = a.p;
+  if (dkdv_padding_block<T>(p)) return;
+  constexpr int kColBlocks = D / 64;
+  constexpr int kNT = kBwdRows / 8;  // n8 tiles of S^T (query rows)
+  constexpr int kDT = D / 8;         // n8 tiles of dK, dV
+  constexpr int kSteps = kBwdRows / 16;  // k-steps of dV += P^T dO, dK += dS^T Q
+  constexpr uint32_t kKVBlock = kBwdKeys * kRowBytes;    // a column block of K or V
+  constexpr uint32_t kRowsBlock = kBwdRows * kRowBytes;  // a column block of Q or dO
+  constexpr uint32_t kKV = kColBlocks * kKVBlock, kRows = kColBlocks * kRowsBlock;
+  constexpr uint32_t kStatBytes = 2 * kBwdRows * 4;      // a stage's lse and D floats
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim, key_block = blockIdx.x;
+  const Sequence s = bwd_sequence(p, b);
+  const int n0 = key_block * kBwdKeys;
+  if (n0 >= s.num_k_rows) return;
+  const int group = p.num_heads / p.num_heads_k;
+  const Window win{p.window_left, p.window_right};
+  const int keys_valid = s.num_k - n0;  // keys past seqused_k take no part
+  int i_lo = 0, i_hi = 0;
+  if (keys_valid > 0) {
+    win.row_range(n0, min(n0 + kBwdKeys, s.num_k) - 1, s.offset, s.num_q, &i_lo, &i_hi);
+  }
+  // Tiles start on the accumulator's 16-row chunks (rows added in front see none of the
+  // block's keys: their dS is masked to 0).
+  i_lo -= i_lo % sm80::kAccChunkRows;
+  const int per_head = (i_hi - i_lo + kBwdRows - 1) / kBwdRows;
+  const int tiles = per_head * group;
+  // Rows [full_lo, full_hi) see every key of the block: no element-wise mask there.
+  int full_lo = 0, full_hi = 0;
+  if (n0 + kBwdKeys <= s.num_k) {
+    win.rows_seeing_all(n0, n0 + kBwdKeys - 1, s.offset, i_hi, &full_lo, &full_hi);
+  }
+  // Key blocks of a head start at different tiles, so that they do not all add into
+  // the same dQ lines at once (as the sm80 kernel).
+  const int first_tile = tiles > 0 ? key_block % tiles : 0;
+  const BwdTileCursor first{first_tile / max(per_head, 1), first_tile % max(per_head, 1)};
+
+  const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
+  const uint32_t sK = base, sV = sK + kKV, sQ = sV + kKV, sdO = sQ + kStages * kRows;
+  const uint32_t sDs = sdO + kStages * kRows;  // + warpgroup * kBwdDsBytes
+  const uint32_t sStat = sDs + kConsumerWarpgroups * kBwdDsBytes;  // + stage * kStatBytes
+  const uint32_t bars = sStat + kStages * kStatBytes;
+  const uint32_t kv_full = bars;
+  auto full = [&](int st) { return bars + 8u * uint32_t(1 + st); };
+  auto empty = [&](int st) { return bars + 8u * uint32_t(1 + kStages + st); };
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(kv_full);
+    for (int st = 0; st < kStages; ++st) {
+      sm90::mbar_init(full(st), 1 + 128);  // the copies' arrival + the producer's 128 stores
+      sm90::mbar_init(empty(st), 4 * kConsumerWarpgroups);  // one arrival a consumer warp
+    }
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    sm90::regs_release<kProducerRegs>();
+    const int tid = threadIdx.x;
+    if (tid == 0 && tiles > 0) {
+      sm90::mbar_arrive_expect_tx(kv_full, 2 * kKV);
+      for (int c = 0; c < kColBlocks; ++c) {
+        const int row = int(s.k_start + n0);
+        sm90::tma_load_3d(sK + c * kKVBlock, &a.k_map, kv_full, 64 * c, hk, row);
+        sm90::tma_load_3d(sV + c * kKVBlock, &a.v_map, kv_full, 64 * c, hk, row);
+      }
+    }
+    BwdTileCursor tile = first;
+    for (int it = 0; it < tiles; ++it, tile.advance(per_head, group)) {
+      const int st = it % kStages;
+      if (it >= kStages) sm90::mbar_wait(empty(st), uint32_t(it / kStages - 1) & 1u);
+      const int h = hk * group + tile.head, i0 = i_lo + tile.row * kBwdRows;
+      if (tid == 0) {
+        sm90::mbar_arrive_expect_tx(full(st), 2 * kRows);
+        for (int c = 0; c < kColBlocks; ++c) {
+          const int row = int(s.q_start + i0);
+          sm90::tma_load_3d(sQ + st * kRows + c * kRowsBlock, &a.q_map, full(st), 64 * c, h, row);
+          sm90::tma_load_3d(sdO + st * kRows + c * kRowsBlock, &a.dout_map, full(st), 64 * c, h,
+                            row);
+        }
+      }
+      // lse (threads 0-63) and D (64-127) of the tile's rows; zeros past i_hi.
+      const int i = i0 + tid % kBwdRows;
+      const float* src = tid < kBwdRows ? p.softmax_lse : bwd_delta(p);
+      const float x = i < i_hi ? src[int64_t(h) * p.total_q + s.q_start + i] : 0.f;
+      asm volatile("st.shared.f32 [%0], %1;" ::"r"(sStat + st * kStatBytes + 4u * uint32_t(tid)),
+                   "f"(x)
+                   : "memory");
+      sm90::mbar_arrive(full(st));
+    }
+  } else {
+    sm90::regs_acquire<kConsumerRegs>();
+    const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
+    const int wg = ct / 128, warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
+    const int key_wg = 64 * wg, key_w = key_wg + 16 * warp;  // block-relative keys
+    const uint32_t ds_tile = sDs + uint32_t(wg) * kBwdDsBytes;
+    float dk[1][kDT][4] = {}, dv[1][kDT][4] = {};
+    float(&dk_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dk);
+    float(&dv_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dv);
+    if (tiles > 0) {
+      sm90::mbar_wait(kv_full, 0u);
+      if (keys_valid < kBwdKeys) {
+        zero_tile_rows<kColBlocks>(sK, kBwdKeys, max(keys_valid, 0), ct);
+        zero_tile_rows<kColBlocks>(sV, kBwdKeys, max(keys_valid, 0), ct);
+        sm90::fence_proxy_async_shared();
+        sm90::named_barrier(1, 256);
+      }
+    }
+    int h_prev = -1;
+    sm80::BwdScore sc_mod{};
+    BwdTileCursor tile = first;
+    for (int it = 0; it < tiles; ++it, tile.advance(per_head, group)) {
+      const int st = it % kStages, h = hk * group + tile.head, i0 = i_lo + tile.row * kBwdRows;
+      const uint32_t tQ = sQ + st * kRows, tdO = sdO + st * kRows;
+      if (h != h_prev) {
+        h_prev = h;
+        const bool capped = p.softcap > 0.f;
+        sc_mod = sm80::BwdScore{capped ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e,
+                          p.softcap * kLog2e,
+                          (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h]
+                                          : 0.f) * kLog2e,
+                          capped};
+      }
+      sm90::mbar_wait(full(st), uint32_t(it / kStages) & 1u);
+      if (i0 + kBwdRows > i_hi) {  // rows past the block's last: zeros (block-uniform)
+        zero_tile_rows<kColBlocks>(tQ, kBwdRows, i_hi - i0, ct);
+        zero_tile_rows<kColBlocks>(tdO, kBwdRows, i_hi - i0, ct);
+        sm90::fence_proxy_async_shared();
+        sm90::named_barrier(1, 256);
+      }
+
+      // S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys x the tile's rows.
+      float stt[1][kNT][4], dpt[1][kNT][4];
+      float(&st_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(stt);
+      float(&dp_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(dpt);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(key_wg) * kRowBytes +
+                            uint32_t(kk % 4) * 32u;
+        const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
+        sm90::wgmma_ss<kBwdRows, T>(st_flat, sm90::smem_desc(sK + at, 16),
+                                    sm90::smem_desc(tQ + rows_at, 16), kk > 0);
+        sm90::wgmma_ss<kBwdRows, T>(dp_flat, sm90::smem_desc(sV + at, 16),
+                                    sm90::smem_desc(tdO + rows_at, 16), kk > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(st_flat);
+      sm90::wgmma_hold(dp_flat);
+
+      // P^T and dS^T (times softcap'). Element (nt, 2 hf + e): key n0 + key_w + g + 8 hf,
+      // row i0 + 8 nt + 2t + e. The common tile (every key seen by every row, no softcap,
+      // no ALiBi) takes an FFMA, the exp2, an FADD and an FMUL an element.
+      const bool mask = (i0 < full_lo) | (i0 + kBwdRows > full_hi);
+      const bool fast = !mask && !sc_mod.capped && sc_mod.slope == 0.f;
+      const uint32_t stat = sStat + st * kStatBytes;
+      // dS^T goes to the warpgroup's buffer (keys x rows, 16-bit) for dQ = dS K: the
+      // lane's rows 8 nt + 2t, + 1 of key 16 warp + g (+ 8) at `ds_lane` ^ 16 nt (+ 1 KB):
+      // the key's row is 128-byte aligned and its swizzle term is g, so XOR-ing the
+      // chunk index in bits 4-6 is the swizzle (sixteen addresses held apart spilled).
+      const uint32_t ds_lane = ds_tile + uint32_t(16 * warp + g) * kRowBytes + 16u * uint32_t(g) +
+                               4u * uint32_t(t);
+      uint32_t pa[kSteps][4], da[kSteps][4];
+      // A k-step (two n8 tiles of rows) at a time, so that S^T and dP^T registers die as
+      // their 16-bit fragments are made.
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+#pragma unroll
+        for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt) {
+          const int col = nt * 8 + 2 * t;
+          float2 lse, del;
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                       : "=f"(lse.x), "=f"(lse.y)
+                       : "r"(stat + 4u * uint32_t(col)));
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                       : "=f"(del.x), "=f"(del.y)
+                       : "r"(stat + 4u * uint32_t(kBwdRows + col)));
+          const float lse2[2] = {lse.x * kLog2e, lse.y * kLog2e}, dl[2] = {del.x, del.y};
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int key = n0 + key_w + g + 8 * hf;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = stt[0][nt][2 * hf + e];
+              float& d = dpt[0][nt][2 * hf + e];
+              if (fast) {
+                x = fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]));
+                d = x * (d - dl[e]);
+              } else {
+                const int i = i0 + col + e;
+                const int64_t pos = int64_t(i) + s.offset;
+                float grad;
+                float pr = sc_mod.prob(x, pos, key, lse2[e], &grad);
+                if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
+                x = pr;
+                d = pr * (d - dl[e]) * grad;
+              }
+            }
+          }
+        }
+        sm80::accum_to_a<T>(pa[kk], stt[0][2 * kk], stt[0][2 * kk + 1]);
+        sm80::accum_to_a<T>(da[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // da[kk][i]: key + 8 (i odd), rows + 8 (i >= 2)
+          const uint32_t at = (ds_lane + 1024u * uint32_t(i & 1)) ^ (16u * uint32_t(2 * kk + (i >> 1)));
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(da[kk][i]) : "memory");
+        }
+      }
+      sm90::fence_proxy_async_shared();
+
+      // dV += P^T dO, dK += dS^T Q: k-steps of 16 rows (2 KB of a stage), N = D across
+      // the column blocks (the leading offset).
+      sm90::wgmma_hold(dk_flat);
+      sm90::wgmma_hold(dv_flat);
+      sm90::wgmma_hold(pa);
+      sm90::wgmma_hold(da);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+        const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
+        sm90::wgmma_rs<D, T>(dv_flat, pa[kk], sm90::smem_desc(tdO + at, kRowsBlock));
+        sm90::wgmma_rs<D, T>(dk_flat, da[kk], sm90::smem_desc(tQ + at, kRowsBlock));
+      }
+      sm90::wgmma_commit();
+      sm90::named_barrier(2 + wg, 128);  // every warp's dS^T rows are in the buffer
+
+      // dQ = dS K over the warpgroup's 64 keys, a 64-column block at a time (32 f32 a
+      // thread), each added into the accumulator's chunks: rows 16 warp + g (+ 8) of the
+      // tile, columns 64 c + 8 j + 2t (+ 1). A row chunk wholly past the block's rows
+      // adds nothing (it may be the next sequence's); columns past hd are not added.
+      float* const acc_rows =
+          bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
+          sm80::acc_offset(0, 0, lane);
+      const bool add_rows = i_hi - i0 > 16 * warp;
+#pragma unroll
+      for (int c = 0; c < kColBlocks; ++c) {
+        float dq[32];
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint32_t keys_at = uint32_t(key_wg + 16 * kk) * kRowBytes;
+          sm90::wgmma_ss<64, T, true>(dq, sm90::smem_desc(ds_tile + 16u * kk * kRowBytes, 0),
+                                      sm90::smem_desc(sK + c * kKVBlock + keys_at, 0), kk > 0);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::wgmma_hold(dq);
+        if (c == 0) {  // S^T, dP^T, dV and dK are done with the stage
+          __syncwarp();
+          if (lane == 0) sm90::mbar_arrive(empty(st));
+        }
+        if (add_rows) {
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            if (64 * c + 32 * u >= hd) continue;
+            const float(&q)[4][4] = reinterpret_cast<const float(&)[4][4]>(dq[16 * u]);
+            sm80::dq_chunk_add(acc_rows + (2 * c + u) * sm80::kAccChunk, q);
+          }
+        }
+      }
+    }
+
+    // dK (times the softmax scale) and dV of the warp's 16 keys, staged in the warp's own
+    // rows of sK / sV (the warpgroup's products that read them have completed) and
+    // written as 16-byte chunks of whole rows. Keys [num_k, num_k_rows) own gradient rows
+    // too: they saw nothing, so theirs are 0.
+    const int rows_valid = min(16, s.num_k_rows - n0 - key_w);
+    const int64_t kv_stride = int64_t(p.num_heads_k) * hd;
+    const bool vec = aligned_to<T>(p.dk, 16) && aligned_to<T>(p.dv, 16);
+    auto store = [&](uint32_t tile, const float (&acc)[1][kDT][4], float factor, void* grad) {
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const uint32_t at = sm90::swizzled_chunk(tile, kKVBlock, key_w + g + 8 * hf, dt);
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(at + 4u * uint32_t(t)),
+                       "r"(sm80::pack2<T>(acc[0][dt][2 * hf] * factor,
+                                          acc[0][dt][2 * hf + 1] * factor))
+                       : "memory");
+        }
+      }
+      __syncwarp();
+      T* dst = static_cast<T*>(grad) + (s.k_start + n0 + key_w) * kv_stride + int64_t(hk) * hd;
+      for (int idx = lane; idx < 16 * kDT; idx += 32) {
+        const int r = idx / kDT, c = idx % kDT;
+        if (r >= rows_valid || c * 8 >= hd) continue;
+        uint4 x;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                     : "r"(sm90::swizzled_chunk(tile, kKVBlock, key_w + r, c)));
+        sm80::store_chunk(dst + r * kv_stride, x, c * 8, hd, vec);
+      }
+    };
+    store(sK, dk, p.softmax_scale, p.dk);
+    store(sV, dv, 1.f, p.dv);
+  }
+}
+
+}  // namespace xla_attn
