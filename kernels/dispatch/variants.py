@@ -218,12 +218,12 @@ def _flash_fwd_sm90_variants():
 
 def _flash_bwd_sm90_variants():
     # The Hopper dk/dv kernel (kernels/flash/bwd_sm90.cuh) of the atomic-dQ path, f16 and
-    # bf16, head dims 33-128 (buckets 64 and 128; d256's dK and dV do not fit a consumer's
-    # registers beside S^T and dP^T): 2 x 2. Its own op (its args carry tensor maps); the
-    # sm80 launcher takes it for the dk/dv step where it covers the call and keeps the
-    # sm80 delta and dq-convert kernels around it.
+    # bf16, the d128 bucket (65-128; sm90_tiles.h says why not d64 or d256): 2. Its own op
+    # (its args carry tensor maps); the sm80 launcher takes it for the dk/dv step where it
+    # covers the call and keeps the sm80 delta and dq-convert kernels around it.
     features = ALL_FEATURES & ~FEATURES["fp8"] & ~FEATURES["paged"]
-    for dt, (lo, hi) in itertools.product(("f16", "bf16"), SM90_HEAD_BUCKETS[:2]):
+    for dt in ("f16", "bf16"):
+        lo, hi = SM90_HEAD_BUCKETS[1]
         yield Variant(
             op="flash_bwd_dkdv_tma", family="sm90", module="flash_bwd_sm90",
             kernel=f"xla_attn_flash_bwd_dkdv_sm90_{dt}_d{hi}",

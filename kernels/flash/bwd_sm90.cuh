@@ -1,4 +1,4 @@
-// Flash attention backward, sm90 family (sm_90a; f16 and bf16, head dims <= 128): the
+// Flash attention backward, sm90 family (sm_90a; f16 and bf16, head dims 65-128): the
 // dk/dv kernel of the sm80 family's atomic-dQ path (flash/bwd_sm80.cuh) on wgmma, its
 // tiles landed by bulk tensor copies. The sm80 delta (D = dO . O, zeroing the dQ
 // accumulator) and dq-convert kernels run before and after it unchanged: this kernel
@@ -13,8 +13,8 @@
 //   dO^T (wgmma, both operands in shared memory), P^T = exp2(S^T - lse) and dS^T = P^T
 //   (dP^T - D) in registers (the sm80 kernel's masks, softcap and ALiBi), dV += P^T dO and
 //   dK += dS^T Q (P^T, dS^T from registers, dO and Q read N-major), and dQ = dS K over
-//   the warpgroup's keys (dS^T through shared memory, read M-major) added into the
-//   accumulator with red.global.add.v4.f32.
+//   the block's 128 keys, a 64-column block per warpgroup (dS^T through shared memory,
+//   read M-major), added into the accumulator with red.global.add.v4.f32.
 //
 // Rows the boxes read past a sequence (the next sequence's rows, NaN padding, keys past
 // seqused_k) are zeroed in shared memory before any product reads them: 0 x NaN is NaN.
@@ -51,6 +51,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   const xla_attn_flash_bwd_params& p = a.p;
   if (dkdv_padding_block<T>(p)) return;
   constexpr int kColBlocks = D / 64;
+  static_assert(kColBlocks == kConsumerWarpgroups, "dQ: one 64-column block a warpgroup");
   constexpr int kNT = kBwdRows / 8;  // n8 tiles of S^T (query rows)
   constexpr int kDT = D / 8;         // n8 tiles of dK, dV
   constexpr int kSteps = kBwdRows / 16;  // k-steps of dV += P^T dO, dK += dS^T Q
@@ -88,8 +89,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
   const uint32_t sK = base, sV = sK + kKV, sQ = sV + kKV, sdO = sQ + kStages * kRows;
-  const uint32_t sDs = sdO + kStages * kRows;  // + warpgroup * kBwdDsBytes
-  const uint32_t sStat = sDs + kConsumerWarpgroups * kBwdDsBytes;  // + stage * kStatBytes
+  const uint32_t sDs = sdO + kStages * kRows;    // + (tile % 2) * kBwdDsBytes
+  const uint32_t sStat = sDs + 2 * kBwdDsBytes;  // + stage * kStatBytes
   const uint32_t bars = sStat + kStages * kStatBytes;
   const uint32_t kv_full = bars;
   auto full = [&](int st) { return bars + 8u * uint32_t(1 + st); };
@@ -143,7 +144,6 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
     const int wg = ct / 128, warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
     const int key_wg = 64 * wg, key_w = key_wg + 16 * warp;  // block-relative keys
-    const uint32_t ds_tile = sDs + uint32_t(wg) * kBwdDsBytes;
     float dk[1][kDT][4] = {}, dv[1][kDT][4] = {};
     float(&dk_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dk);
     float(&dv_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dv);
@@ -209,7 +209,10 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // lane's rows 8 nt + 2t, + 1 of key 16 warp + g (+ 8) at `ds_lane` ^ 16 nt (+ 1 KB):
       // the key's row is 128-byte aligned and its swizzle term is g, so XOR-ing the
       // chunk index in bits 4-6 is the swizzle (sixteen addresses held apart spilled).
-      const uint32_t ds_lane = ds_tile + uint32_t(16 * warp + g) * kRowBytes + 16u * uint32_t(g) +
+      // dS^T of the block's 128 keys, double-buffered by tile: a warpgroup writes tile
+      // it + 1's while the other may still read tile it's (they meet once a tile).
+      const uint32_t ds_buf = sDs + uint32_t(it % 2) * kBwdDsBytes;
+      const uint32_t ds_lane = ds_buf + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) +
                                4u * uint32_t(t);
       uint32_t pa[kSteps][4], da[kSteps][4];
       // A k-step (two n8 tiles of rows) at a time, so that S^T and dP^T registers die as
@@ -273,40 +276,34 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         sm90::wgmma_rs<D, T>(dk_flat, da[kk], sm90::smem_desc(tQ + at, kRowsBlock));
       }
       sm90::wgmma_commit();
-      sm90::named_barrier(2 + wg, 128);  // every warp's dS^T rows are in the buffer
+      sm90::named_barrier(1, 256);  // both warpgroups' dS^T rows are in the buffer
 
-      // dQ = dS K over the warpgroup's 64 keys, a 64-column block at a time (32 f32 a
-      // thread), each added into the accumulator's chunks: rows 16 warp + g (+ 8) of the
-      // tile, columns 64 c + 8 j + 2t (+ 1). A row chunk wholly past the block's rows
-      // adds nothing (it may be the next sequence's); columns past hd are not added.
-      float* const acc_rows =
-          bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
-          sm80::acc_offset(0, 0, lane);
-      const bool add_rows = i_hi - i0 > 16 * warp;
+      // dQ = dS K over all 128 keys of the block, warpgroup w taking the 64 columns of
+      // column block w (32 f32 a thread): one red.global.add per dQ element and 128 keys.
+      // Added into the accumulator's chunks: rows 16 warp + g (+ 8) of the tile, columns
+      // 64 w + 8 j + 2t (+ 1). A row chunk wholly past the block's rows adds nothing (it
+      // may be the next sequence's); columns past hd are not added.
+      float dq[32];
+      sm90::wgmma_fence();
 #pragma unroll
-      for (int c = 0; c < kColBlocks; ++c) {
-        float dq[32];
-        sm90::wgmma_fence();
+      for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
+        const uint32_t keys_at = uint32_t(16 * kk) * kRowBytes;
+        sm90::wgmma_ss<64, T, true>(dq, sm90::smem_desc(ds_buf + keys_at, 0),
+                                    sm90::smem_desc(sK + wg * kKVBlock + keys_at, 0), kk > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(dq);
+      __syncwarp();  // S^T, dP^T, dV and dK are done with the stage
+      if (lane == 0) sm90::mbar_arrive(empty(st));
+      if (i_hi - i0 > 16 * warp) {
+        float* const acc_rows = bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
+                                sm80::acc_offset(0, 0, lane);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const uint32_t keys_at = uint32_t(key_wg + 16 * kk) * kRowBytes;
-          sm90::wgmma_ss<64, T, true>(dq, sm90::smem_desc(ds_tile + 16u * kk * kRowBytes, 0),
-                                      sm90::smem_desc(sK + c * kKVBlock + keys_at, 0), kk > 0);
-        }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        sm90::wgmma_hold(dq);
-        if (c == 0) {  // S^T, dP^T, dV and dK are done with the stage
-          __syncwarp();
-          if (lane == 0) sm90::mbar_arrive(empty(st));
-        }
-        if (add_rows) {
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            if (64 * c + 32 * u >= hd) continue;
-            const float(&q)[4][4] = reinterpret_cast<const float(&)[4][4]>(dq[16 * u]);
-            sm80::dq_chunk_add(acc_rows + (2 * c + u) * sm80::kAccChunk, q);
-          }
+        for (int u = 0; u < 2; ++u) {
+          if (64 * wg + 32 * u >= hd) continue;
+          const float(&q)[4][4] = reinterpret_cast<const float(&)[4][4]>(dq[16 * u]);
+          sm80::dq_chunk_add(acc_rows + (2 * wg + u) * sm80::kAccChunk, q);
         }
       }
     }
