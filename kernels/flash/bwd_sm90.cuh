@@ -58,7 +58,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   constexpr uint32_t kKVBlock = kBwdKeys * kRowBytes;    // a column block of K or V
   constexpr uint32_t kRowsBlock = kBwdRows * kRowBytes;  // a column block of Q or dO
   constexpr uint32_t kKV = kColBlocks * kKVBlock, kRows = kColBlocks * kRowsBlock;
-  constexpr uint32_t kStatBytes = 2 * kBwdRows * 4;      // a stage's lse and D floats
+  constexpr uint32_t kStatBytes = 2 * kBwdRows * 4;      // a tile's lse and D floats
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim, key_block = blockIdx.x;
@@ -90,15 +90,15 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
   const uint32_t sK = base, sV = sK + kKV, sQ = sV + kKV, sdO = sQ + kStages * kRows;
   const uint32_t sDs = sdO + kStages * kRows;    // + (tile % 2) * kBwdDsBytes
-  const uint32_t sStat = sDs + 2 * kBwdDsBytes;  // + stage * kStatBytes
-  const uint32_t bars = sStat + kStages * kStatBytes;
+  const uint32_t sStat = sDs + 2 * kBwdDsBytes;  // + (tile % 2) * kStatBytes
+  const uint32_t bars = sStat + 2 * kStatBytes;
   const uint32_t kv_full = bars;
   auto full = [&](int st) { return bars + 8u * uint32_t(1 + st); };
   auto empty = [&](int st) { return bars + 8u * uint32_t(1 + kStages + st); };
   if (threadIdx.x == 0) {
     sm90::mbar_init(kv_full);
     for (int st = 0; st < kStages; ++st) {
-      sm90::mbar_init(full(st), 1 + 128);  // the copies' arrival + the producer's 128 stores
+      sm90::mbar_init(full(st));
       sm90::mbar_init(empty(st), 4 * kConsumerWarpgroups);  // one arrival a consumer warp
     }
     sm90::mbar_init_fence();
@@ -130,14 +130,6 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
                             row);
         }
       }
-      // lse (threads 0-63) and D (64-127) of the tile's rows; zeros past i_hi.
-      const int i = i0 + tid % kBwdRows;
-      const float* src = tid < kBwdRows ? p.softmax_lse : bwd_delta(p);
-      const float x = i < i_hi ? src[int64_t(h) * p.total_q + s.q_start + i] : 0.f;
-      asm volatile("st.shared.f32 [%0], %1;" ::"r"(sStat + st * kStatBytes + 4u * uint32_t(tid)),
-                   "f"(x)
-                   : "memory");
-      sm90::mbar_arrive(full(st));
     }
   } else {
     sm90::regs_acquire<kConsumerRegs>();
@@ -147,14 +139,32 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     float dk[1][kDT][4] = {}, dv[1][kDT][4] = {};
     float(&dk_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dk);
     float(&dv_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dv);
+    // A tile's lse (consumer threads 0-63) and D (64-127) rows, zeros past i_hi, loaded
+    // by the consumers a tile ahead into sStat (two buffers) and published by the tile's
+    // named barrier: written by the producer and published by the stage's mbarrier,
+    // compute-sanitizer's racecheck reported the reads as races with the writes.
+    auto load_stat = [&](const BwdTileCursor& c) {
+      const int i = i_lo + c.row * kBwdRows + ct % kBwdRows;
+      const float* src = ct < kBwdRows ? p.softmax_lse : bwd_delta(p);
+      return i < i_hi ? src[int64_t(hk * group + c.head) * p.total_q + s.q_start + i] : 0.f;
+    };
+    auto store_stat = [&](int it, float x) {
+      if (ct < 2 * kBwdRows) {
+        asm volatile("st.shared.f32 [%0], %1;" ::"r"(sStat + uint32_t(it % 2) * kStatBytes +
+                                                     4u * uint32_t(ct)),
+                     "f"(x)
+                     : "memory");
+      }
+    };
     if (tiles > 0) {
+      store_stat(0, ct < 2 * kBwdRows ? load_stat(first) : 0.f);
       sm90::mbar_wait(kv_full, 0u);
       if (keys_valid < kBwdKeys) {
         zero_tile_rows<kColBlocks>(sK, kBwdKeys, max(keys_valid, 0), ct);
         zero_tile_rows<kColBlocks>(sV, kBwdKeys, max(keys_valid, 0), ct);
         sm90::fence_proxy_async_shared();
-        sm90::named_barrier(1, 256);
       }
+      sm90::named_barrier(1, 256);
     }
     int h_prev = -1;
     sm80::BwdScore sc_mod{};
@@ -195,6 +205,10 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
                                     sm90::smem_desc(tdO + rows_at, 16), kk > 0);
       }
       sm90::wgmma_commit();
+      // The next tile's lse / D row, while the products run.
+      BwdTileCursor next = tile;
+      next.advance(per_head, group);
+      const float next_stat = it + 1 < tiles && ct < 2 * kBwdRows ? load_stat(next) : 0.f;
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(st_flat);
       sm90::wgmma_hold(dp_flat);
@@ -204,7 +218,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // no ALiBi) takes an FFMA, the exp2, an FADD and an FMUL an element.
       const bool mask = (i0 < full_lo) | (i0 + kBwdRows > full_hi);
       const bool fast = !mask && !sc_mod.capped && sc_mod.slope == 0.f;
-      const uint32_t stat = sStat + st * kStatBytes;
+      const uint32_t stat = sStat + uint32_t(it % 2) * kStatBytes;
       // dS^T goes to the warpgroup's buffer (keys x rows, 16-bit) for dQ = dS K: the
       // lane's rows 8 nt + 2t, + 1 of key 16 warp + g (+ 8) at `ds_lane` ^ 16 nt (+ 1 KB):
       // the key's row is 128-byte aligned and its swizzle term is g, so XOR-ing the
@@ -276,7 +290,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         sm90::wgmma_rs<D, T>(dk_flat, da[kk], sm90::smem_desc(tQ + at, kRowsBlock));
       }
       sm90::wgmma_commit();
-      sm90::named_barrier(1, 256);  // both warpgroups' dS^T rows are in the buffer
+      if (it + 1 < tiles) store_stat(it + 1, next_stat);
+      sm90::named_barrier(1, 256);  // both warpgroups' dS^T rows (and the next lse / D)
 
       // dQ = dS K over all 128 keys of the block, warpgroup w taking the 64 columns of
       // column block w (32 f32 a thread): one red.global.add per dQ element and 128 keys.
