@@ -130,8 +130,21 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                    block_n).empty()) {
     return false;
   }
-  const dim3 grid(unsigned(std::max(1, (params.max_seqlen_q + tiles.block_m - 1) / tiles.block_m)),
-                  params.num_heads, params.batch + 1);
+  // (min(work items, SMs) where persistent, else the items; row blocks): the kernel
+  // walks its items.
+  const int row_blocks = std::max(1, (params.max_seqlen_q + tiles.block_m - 1) / tiles.block_m);
+  const int64_t items = int64_t(row_blocks) * params.num_heads * params.batch;
+  int64_t blocks = std::max<int64_t>(items, 1);
+  if (flash_sm90::persistent(flash_sm90::head_bucket(params.head_dim))) {
+    const int sms = dispatch::sm_count(error);
+    if (sms < 0) return true;
+    blocks = std::min<int64_t>(blocks, sms);
+  }
+  if (blocks > 0x7fffffff) {
+    *error = "flash_fwd: too many (row block, head, sequence) items for one launch";
+    return true;
+  }
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(row_blocks));
   *error = dispatch::launch(*v, grid, tiles.smem, stream, &args);
   return true;
 }

@@ -113,6 +113,27 @@ def test_flash_forward_long(family, gpu_device, rng, mk, dtype, head_dim, featur
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
 
 
+def _nan_tail_inputs(gpu_device, rng, mk, monkeypatch, dtype, head_dim, families):
+    """Varlen inputs for the sm90 kernels' boxes (128-row Q, 64/128-key K/V) to read past
+    each sequence: padding rows of q, k, v (and dO, the 4th array) hold NaN, as do the
+    keys past seqused_k of sequence 1; GQA 3, several row blocks and key tiles. Skips off
+    sm_90; sets XLA_ATTN_FORCE_FAMILY to `families`."""
+    if not _is_sm90(gpu_device):
+        pytest.skip("the sm90 family runs on sm_90 only")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", families)
+    lens_q, lens_k = [300, 129, 1, 64, 0], [300, 200, 333, 64, 70]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=6, heads_k=2,
+                                           head_dim=head_dim, pad_q=7, pad_k=9)
+    dout = mk.random_array(rng, q.shape, dtype)
+    seqused = np.array([300, 150, 333, 64, 70], np.int32)
+    nan = np.array(np.nan, q.dtype)
+    q[int(cu_q[-1]):], dout[int(cu_q[-1]):] = nan, nan
+    k[int(cu_k[-1]):], v[int(cu_k[-1]):] = nan, nan
+    k[int(cu_k[1]) + 150:int(cu_k[2])] = nan  # keys past seqused_k of sequence 1
+    v[int(cu_k[1]) + 150:int(cu_k[2])] = nan
+    return (q, k, v, dout, cu_q, cu_k, seqused), (max(lens_q), max(lens_k))
+
+
 @pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap",
                                      "alibi_batch"])
 @pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
@@ -122,26 +143,16 @@ def test_flash_forward_sm90_nan_tails(gpu_device, rng, mk, monkeypatch, dtype, h
     find no kernel): whole 128-row Q boxes and 64/128-key K/V boxes read past each
     sequence, into the next one and into padding rows holding NaN, as do keys past
     seqused_k; GQA 3, several row blocks and key tiles, head_dim 80 padded to 128."""
-    if not _is_sm90(gpu_device):
-        pytest.skip("the sm90 family runs on sm_90 only")
-    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
-    lens_q, lens_k = [300, 129, 1, 64, 0], [300, 200, 333, 64, 70]
-    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=6, heads_k=2,
-                                           head_dim=head_dim, pad_q=7, pad_k=9)
-    seqused = np.array([300, 150, 333, 64, 70], np.int32)
-    nan = np.array(np.nan, q.dtype)
-    q[int(cu_q[-1]):], k[int(cu_k[-1]):], v[int(cu_k[-1]):] = nan, nan, nan
-    k[int(cu_k[1]) + 150:int(cu_k[2])] = nan  # keys past seqused_k of sequence 1
-    v[int(cu_k[1]) + 150:int(cu_k[2])] = nan
-    kw = _feature_kwargs(rng, mk, feature, 6, len(lens_q))
+    (q, k, v, _, cu_q, cu_k, seqused), (max_q, max_k) = _nan_tail_inputs(
+        gpu_device, rng, mk, monkeypatch, dtype, head_dim, "sm90")
+    kw = _feature_kwargs(rng, mk, feature, 6, len(cu_q) - 1)
     exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
                                                  **kw)
     args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused)
     kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
               for key, val in kw.items()}
     out, lse = jax.jit(lambda q, k, v, cq, ck, su: xj.flash_attn_varlen(
-        q, k, v, cq, ck, max(lens_q), max(lens_k), seqused_k=su, return_softmax_lse=True,
-        **kw_dev))(*args)
+        q, k, v, cq, ck, max_q, max_k, seqused_k=su, return_softmax_lse=True, **kw_dev))(*args)
     assert np.isfinite(np.asarray(out, np.float32)).all()
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
 
@@ -299,27 +310,16 @@ def test_flash_backward_sm90_nan_tails(gpu_device, rng, mk, monkeypatch, dtype, 
     padding rows holding NaN, as do keys past seqused_k; GQA 3, several key blocks and
     row tiles, head_dim 80 padded to 128; dq, dk, dv against the float64 reference and
     exactly zero on padding rows."""
-    if not _is_sm90(gpu_device):
-        pytest.skip("the sm90 family runs on sm_90 only")
-    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90,sm80")
-    lens_q, lens_k = [300, 129, 1, 64, 0], [300, 200, 333, 64, 70]
-    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=6, heads_k=2,
-                                           head_dim=head_dim, pad_q=7, pad_k=9)
-    dout = mk.random_array(rng, q.shape, dtype)
-    seqused = np.array([300, 150, 333, 64, 70], np.int32)
-    nan = np.array(np.nan, q.dtype)
-    q[int(cu_q[-1]):], dout[int(cu_q[-1]):] = nan, nan
-    k[int(cu_k[-1]):], v[int(cu_k[-1]):] = nan, nan
-    k[int(cu_k[1]) + 150:int(cu_k[2])] = nan  # keys past seqused_k of sequence 1
-    v[int(cu_k[1]) + 150:int(cu_k[2])] = nan
-    kw = _feature_kwargs(rng, mk, feature, 6, len(lens_q))
+    (q, k, v, dout, cu_q, cu_k, seqused), (max_q, max_k) = _nan_tail_inputs(
+        gpu_device, rng, mk, monkeypatch, dtype, head_dim, "sm90,sm80")
+    kw = _feature_kwargs(rng, mk, feature, 6, len(cu_q) - 1)
     exp = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, None, seqused_k=seqused, **kw)
     kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
               for key, val in kw.items()}
 
     def grads(q, k, v, cq, ck, su, do):
-        f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cq, ck, max(lens_q),  # noqa: E731
-                                                 max(lens_k), seqused_k=su, **kw_dev)
+        f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cq, ck, max_q,  # noqa: E731
+                                                 max_k, seqused_k=su, **kw_dev)
         return jax.vjp(f, q, k, v)[1](do)
 
     got = jax.jit(grads)(*_on(gpu_device, q, k, v, cu_q, cu_k, seqused, dout))
