@@ -53,7 +53,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   // block x takes item x alone. The rows past the last real sequence are zeroed first,
   // one head per block in turn.
   const int batch = real_batch(p.batch, p.batch_used);
-  const int row_blocks = int(gridDim.y);  // the launcher passes them as gridDim.y
+  const int row_blocks = max(1, (p.max_seqlen_q + kBlockM - 1) / kBlockM);  // as the launcher
   const int items = row_blocks * p.num_heads * batch;
   for (int h = blockIdx.x; h < p.num_heads; h += gridDim.x) zero_padding_rows<T>(p, h, batch);
   // Item w: row block w / (heads x sequences) counted from the last (the longest causal

@@ -130,8 +130,8 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                    block_n).empty()) {
     return false;
   }
-  // (min(work items, SMs) where persistent, else the items; row blocks): the kernel
-  // walks its items.
+  // min(work items, SMs) blocks where persistent, else one an item: the kernel walks
+  // its items (row blocks as here, from max_seqlen_q).
   const int row_blocks = std::max(1, (params.max_seqlen_q + tiles.block_m - 1) / tiles.block_m);
   const int64_t items = int64_t(row_blocks) * params.num_heads * params.batch;
   int64_t blocks = std::max<int64_t>(items, 1);
@@ -144,7 +144,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
     *error = "flash_fwd: too many (row block, head, sequence) items for one launch";
     return true;
   }
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(row_blocks));
+  const dim3 grid(static_cast<unsigned>(blocks));
   *error = dispatch::launch(*v, grid, tiles.smem, stream, &args);
   return true;
 }
