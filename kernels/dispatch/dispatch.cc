@@ -124,18 +124,6 @@ int shared_optin(std::string* error) {
   return bytes;
 }
 
-int sm_count(std::string* error) {
-  int device = 0, count = 0;
-  cudaError_t st = cudaGetDevice(&device);
-  if (st == cudaSuccess) st = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  if (st != cudaSuccess) {
-    *error =
-        std::string("xla_attn: cannot query the current CUDA device: ") + cudaGetErrorString(st);
-    return -1;
-  }
-  return count;
-}
-
 cudaKernel_t kernel(const VariantEntry& variant, std::string* error) {
   // One library per module and one handle per variant, loaded on first use and kept
   // for the life of the process (cudaLibrary_t is context-independent: one load

@@ -36,35 +36,26 @@ __device__ void zero_padding_rows(const xla_attn_flash_fwd_params& p, int h, int
 // [n_lo, n_hi) of its split that some row can see (tiles outside are never loaded).
 // locate() returns false for a block with nothing to do; the padding block (b ==
 // batch) zeroes the output rows past the last real sequence first.
-// The block's coordinates as locate() reads them: the launch grid's, or (the persistent
-// sm90 kernel) those of a work item, x counting row blocks x splits from the last.
-struct GridIndex {
-  __device__ __forceinline__ int x() const { return blockIdx.x; }
-  __device__ __forceinline__ int y() const { return blockIdx.y; }
-  __device__ __forceinline__ int z() const { return blockIdx.z; }
-  __device__ __forceinline__ int nx() const { return gridDim.x; }
-};
-
 struct FwdBlock {
   Sequence s;
   Window win;
   int h, b, m0, hd, hk, splits, split, n_lo, n_hi;
   bool paged;
 
-  template <typename Out, typename Index = GridIndex>
+  template <typename Out>
   __device__ __forceinline__ bool locate(const xla_attn_flash_fwd_params& p, int block_m,
-                                         int block_n, const Index& at = Index{}) {
+                                         int block_n) {
     splits = p.num_splits > 1 ? p.num_splits : 1;
     // Row blocks in reverse: under a causal mask (bottom-right aligned) the last rows see
     // the most keys, and starting the longest blocks first leaves short ones for the
     // last wave instead of long ones.
-    const int m_block = at.nx() / splits - 1 - at.x() / splits;
-    split = at.x() % splits;
-    h = at.y();
-    b = at.z();
+    const int m_block = int(gridDim.x) / splits - 1 - int(blockIdx.x) / splits;
+    split = blockIdx.x % splits;
+    h = blockIdx.y;
+    b = blockIdx.z;
     const int n = real_batch(p.batch, p.batch_used);
     if (b >= n) {
-      if (b == p.batch && at.x() == 0) zero_padding_rows<Out>(p, h, n);
+      if (b == p.batch && blockIdx.x == 0) zero_padding_rows<Out>(p, h, n);
       return false;
     }
     paged = p.block_table != nullptr;

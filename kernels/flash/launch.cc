@@ -130,21 +130,8 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                    block_n).empty()) {
     return false;
   }
-  // min(work items, SMs) blocks where persistent, else one an item: the kernel walks
-  // its items (row blocks as here, from max_seqlen_q).
-  const int row_blocks = std::max(1, (params.max_seqlen_q + tiles.block_m - 1) / tiles.block_m);
-  const int64_t items = int64_t(row_blocks) * params.num_heads * params.batch;
-  int64_t blocks = std::max<int64_t>(items, 1);
-  if (flash_sm90::persistent(flash_sm90::head_bucket(params.head_dim))) {
-    const int sms = dispatch::sm_count(error);
-    if (sms < 0) return true;
-    blocks = std::min<int64_t>(blocks, sms);
-  }
-  if (blocks > 0x7fffffff) {
-    *error = "flash_fwd: too many (row block, head, sequence) items for one launch";
-    return true;
-  }
-  const dim3 grid(static_cast<unsigned>(blocks));
+  const dim3 grid(unsigned(std::max(1, (params.max_seqlen_q + tiles.block_m - 1) / tiles.block_m)),
+                  params.num_heads, params.batch + 1);
   *error = dispatch::launch(*v, grid, tiles.smem, stream, &args);
   return true;
 }

@@ -34,33 +34,23 @@ XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 128 : 64; 
 // K/V tiles in flight: the producer fills stage j + 1 while tile j is computed.
 constexpr int kStages = 2;
 
-// A persistent grid (one block an SM walking work items) up to d128, with two Q buffers,
-// so that the producer copies the next item's Q while the consumers still stage the
-// current item's O in theirs. At d256 (one Q buffer; O alone is 128 registers) the
-// item loop's state made ptxas spill 208 bytes: one block an item there.
-XLA_ATTN_HOST_DEVICE constexpr bool persistent(int d) { return d <= 128; }
-XLA_ATTN_HOST_DEVICE constexpr int q_stages(int d) { return persistent(d) ? 2 : 1; }
-
 // Shared memory, every tile in 64-column blocks of 128-byte rows (the 128-byte swizzle
-// repeats every 1 KB, so every block starts on a 1 KB boundary): q_stages Q tiles
-// (kBlockM rows), kStages K tiles, kStages V tiles, then the barriers. kAlign of slack
-// aligns the start. d128: 2 x 32 + 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's
-// limit on sm_90).
+// repeats every 1 KB, so every block starts on a 1 KB boundary): Q (kBlockM rows), then
+// kStages K tiles, kStages V tiles, then the barriers. kAlign of slack aligns the start.
+// d128: 32 + 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's limit on sm_90).
 constexpr int kAlign = 1024;
 constexpr int kRowBytes = 128;  // one 64-column block of a row, 16-bit elements
 XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d) { return kBlockM * 2 * d; }
 XLA_ATTN_HOST_DEVICE constexpr int kv_bytes(int d) { return block_n(d) * 2 * d; }
-// full and empty per K/V stage and tensor, full and empty per Q stage: 8 bytes each.
-XLA_ATTN_HOST_DEVICE constexpr int barrier_bytes(int d) { return 8 * (4 * kStages + 2 * q_stages(d)); }
+// q_full, then full_k, full_v and empty per stage: 8 bytes each.
+constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
 XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d) {
-  return kAlign + q_stages(d) * q_bytes(d) + 2 * kStages * kv_bytes(d) + barrier_bytes(d);
+  return kAlign + q_bytes(d) + 2 * kStages * kv_bytes(d) + kBarrierBytes;
 }
-static_assert(smem_bytes(128) <= 227 * 1024, "the d128 tiles exceed sm_90's 227 KB a block");
 static_assert(smem_bytes(256) <= 227 * 1024, "the d256 tiles exceed sm_90's 227 KB a block");
 
-// Split-KV is not this family's: where the work items cannot fill the GPU by themselves
-// (one block an SM, 132 SMs on an H100), the launcher takes the sm80 family, which
-// splits. The grid is persistent: min(work items, SMs) blocks.
+// Split-KV is not this family's: where the grid cannot fill the GPU by itself (one
+// block an SM, 132 SMs on an H100), the launcher takes the sm80 family, which splits.
 constexpr int kTargetBlocks = 132;
 
 // What the kernel receives: the op's params and the tensor maps of Q, K and V, each a
