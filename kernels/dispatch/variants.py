@@ -201,19 +201,23 @@ SM90_HEAD_BUCKETS = ((33, 64), (65, 128), (129, 256))
 
 
 def _flash_fwd_sm90_variants():
-    # The Hopper forward (kernels/flash/fwd_sm90.cuh), f16 and bf16: 2 x 3. Its own op,
-    # flash_fwd_tma, because it takes its own args (the tensor maps) and only part of
-    # flash_fwd's calls (not paged, not split, head_dim % 8 == 0, aligned tensors): the
-    # launcher tries it first where those hold and the device is sm_90, and otherwise
-    # selects flash_fwd as before.
+    # The Hopper forward (kernels/flash/fwd_sm90.cuh), f16 and bf16: 2 x 3, + 2 at d64
+    # (three consumers). Its own op, flash_fwd_tma, because it takes its own args (the
+    # tensor maps) and only part of flash_fwd's calls (not paged, not split, head_dim % 8
+    # == 0, aligned tensors): the launcher tries it first where those hold and the device
+    # is sm_90, and otherwise selects flash_fwd as before.
     features = ALL_FEATURES & ~FEATURES["fp8"] & ~FEATURES["paged"]
     for dt, (lo, hi) in itertools.product(("f16", "bf16"), SM90_HEAD_BUCKETS):
-        yield Variant(
-            op="flash_fwd_tma", family="sm90", module="flash_fwd_sm90",
-            kernel=f"xla_attn_flash_fwd_sm90_{dt}_d{hi}",
-            template=f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}>",
-            params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
-            head_dim_max=hi, features=features, priority=20, threads=384)
+        # two consumer warpgroups (op flash_fwd_tma), and at d64 also three (op
+        # flash_fwd_tma_m192: 192-row blocks), the launcher choosing by the mask and the
+        # sequence length (sm90_tiles.h, wide_d64)
+        for op, wgs in (("flash_fwd_tma", 2),) + ((("flash_fwd_tma_m192", 3),) if hi == 64 else ()):
+            yield Variant(
+                op=op, family="sm90", module="flash_fwd_sm90",
+                kernel=f"xla_attn_flash_fwd_sm90_{dt}_d{hi}" + ("_m192" if wgs == 3 else ""),
+                template=f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}, {wgs}>",
+                params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
+                head_dim_max=hi, features=features, priority=20, threads=128 * (1 + wgs))
 
 
 def _flash_bwd_sm90_variants():

@@ -3,11 +3,12 @@
 // 2407.08608): tiles land by bulk tensor copies (TMA) on mbarriers, products run as
 // warpgroup wgmma, and the block is warp-specialized.
 //
-// One block = kBlockM (128) query rows of one head of one sequence:
+// One block = kBlockM (128, or 192 with three consumers) query rows of one head of one
+// sequence:
 // - warpgroup 0, the producer: one thread copies Q once and then each K / V tile into
 //   kStages shared-memory stages, each copy completing on its stage's full barrier, a
 //   stage refilled once both consumers have released it (its empty barrier);
-// - warpgroups 1 and 2, the consumers, 64 query rows each: S = Q K^T (wgmma, both
+// - warpgroups 1 .. kWgs, the consumers, 64 query rows each: S = Q K^T (wgmma, both
 //   operands in shared memory), the online softmax in registers (sm80::TileSoftmax, the
 //   same code as the sm80 family: the accumulator fragments are mma.sync's), P rounded
 //   to 16 bits in registers and O += P V (wgmma, P from registers, V read N-major).
@@ -29,10 +30,12 @@
 
 namespace xla_attn {
 
-template <typename T, int D>
+template <typename T, int D, int kWgs>
 __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   using namespace flash_sm90;
   constexpr int kBlockN = block_n(D);
+  constexpr int kBlockM = block_m(kWgs);  // kWgs consumer warpgroups of 64 rows
+  constexpr int kConsumers = 128 * kWgs;  // consumer threads
   constexpr int kColBlocks = D / 64;  // 64-column blocks of a row
   constexpr int kNT = kBlockN / 8;    // n8 tiles of S
   constexpr int kDT = D / 8;          // n8 tiles of O
@@ -52,7 +55,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
 
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
   const uint32_t sQ = base;
-  const uint32_t sK = sQ + uint32_t(q_bytes(D));
+  const uint32_t sK = sQ + uint32_t(q_bytes(D, kWgs));
   const uint32_t sV = sK + kStages * kKVBytes;
   const uint32_t bars = sV + kStages * kKVBytes;
   // q_full, then per stage: full_k, full_v (the producer's copies landed), empty_k,
@@ -67,8 +70,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     for (int st = 0; st < kStages; ++st) {
       sm90::mbar_init(bar(kFullK, st));
       sm90::mbar_init(bar(kFullV, st));
-      sm90::mbar_init(bar(kEmptyK, st), 4 * kConsumerWarpgroups);  // one arrival a warp
-      sm90::mbar_init(bar(kEmptyV, st), 4 * kConsumerWarpgroups);
+      sm90::mbar_init(bar(kEmptyK, st), 4 * kWgs);  // one arrival a consumer warp
+      sm90::mbar_init(bar(kEmptyV, st), 4 * kWgs);
     }
     sm90::mbar_init_fence();
   }
@@ -104,8 +107,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       }
     }
   } else {
-    sm90::regs_acquire<kConsumerRegs>();
-    const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
+    sm90::regs_acquire<consumer_regs(kWgs)>();
+    const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
     const int wg = ct / 128, row0 = wg * 64;  // the warpgroup and its first row in the block
     const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
 
@@ -158,14 +161,14 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // spans the column blocks, kKVBlockBytes apart (the descriptor's leading offset).
     // The last tile's rows past the block's key range are zeroed first (they may hold
     // the next sequence's keys or NaN padding, and 0 x NaN is NaN): both consumer
-    // warpgroups read them, so all 256 threads write a share and meet.
+    // warpgroups read them, so all their threads write a share and meet.
     auto issue_pv = [&](int j) {
       const int st = j % kStages, n0 = n_lo + j * kBlockN;
       const uint32_t tV = sV + st * kKVBytes;
       sm90::mbar_wait(bar(kFullV, st), parity(j));
       if (n0 + kBlockN > n_hi) {
         const int have = n_hi - n0;
-        for (int c = ct; c < kColBlocks * kBlockN * (kRowBytes / 16); c += 256) {
+        for (int c = ct; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
           if ((c / (kRowBytes / 16)) % kBlockN >= have) {
             asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
                          "r"(0u)
@@ -173,7 +176,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
           }
         }
         sm90::fence_proxy_async_shared();
-        sm90::named_barrier(1, 256);
+        sm90::named_barrier(1, kConsumers);
       }
       sm90::wgmma_hold(o_flat);
       sm90::wgmma_hold(pa);

@@ -80,9 +80,9 @@ FwdPlan plan(const xla_attn_flash_fwd_params& p, const FwdTiles& t) {
   return plan;
 }
 
-FwdTiles sm90_tiles(int head_dim) {
+FwdTiles sm90_tiles(int head_dim, int wgs) {
   const int d = flash_sm90::head_bucket(head_dim);
-  return {flash_sm90::kBlockM, size_t(flash_sm90::smem_bytes(d)), flash_sm90::kTargetBlocks,
+  return {flash_sm90::block_m(wgs), size_t(flash_sm90::smem_bytes(d, wgs)), flash_sm90::kTargetBlocks,
           sm80::kMinKeysPerSplit, sm80::kMaxSplits};
 }
 
@@ -111,19 +111,29 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
       !aligned16(params.q) || !aligned16(params.k) || !aligned16(params.v)) {
     return false;
   }
+  // d64: three consumer warpgroups (op flash_fwd_tma_m192) where they pay (sm90_tiles.h,
+  // wide_d64), else two.
   dispatch::Query q = query;
-  q.op = "flash_fwd_tma";
   std::string unused;
-  const dispatch::VariantEntry* v = dispatch::select(q, &unused);
-  if (!v) return false;
-  const FwdTiles tiles = sm90_tiles(params.head_dim);
+  const dispatch::VariantEntry* v = nullptr;
+  int wgs = flash_sm90::kConsumerWarpgroups;
+  if (flash_sm90::head_bucket(params.head_dim) == 64 &&
+      flash_sm90::wide_d64(params.window_right, params.max_seqlen_q)) {
+    q.op = "flash_fwd_tma_m192";
+    if ((v = dispatch::select(q, &unused))) wgs = 3;
+  }
+  if (!v) {
+    q.op = "flash_fwd_tma";
+    if (!(v = dispatch::select(q, &unused))) return false;
+  }
+  const FwdTiles tiles = sm90_tiles(params.head_dim, wgs);
   if (plan(params, tiles).splits > 1) return false;
   flash_sm90::Args args;
   args.p = params;
   args.p.num_splits = 1;
   const int block_n = flash_sm90::block_n(flash_sm90::head_bucket(params.head_dim));
   if (!encode_rows(&args.q_map, params.q, params.total_q, params.num_heads, params.head_dim,
-                   flash_sm90::kBlockM).empty() ||
+                   tiles.block_m).empty() ||
       !encode_rows(&args.k_map, params.k, params.total_k, params.num_heads_k, params.head_dim,
                    block_n).empty() ||
       !encode_rows(&args.v_map, params.v, params.total_k, params.num_heads_k, params.head_dim,

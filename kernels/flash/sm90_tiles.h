@@ -6,20 +6,37 @@
 
 namespace xla_attn::flash_sm90 {
 
-// One block = a producer warpgroup (one thread issues every bulk tensor copy) and two
-// consumer warpgroups of 64 query rows each (wgmma's M). Two consumers let one run its
-// softmax while the other's products run on the tensor cores (FA3's ping-pong, left
-// to the warp schedulers here rather than enforced with barriers).
-constexpr int kConsumerWarpgroups = 2;
-constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-constexpr int kBlockM = 64 * kConsumerWarpgroups;
+// One block = a producer warpgroup (one thread issues every bulk tensor copy) and kWgs
+// consumer warpgroups of 64 query rows each (wgmma's M): two, or at d64 three where that
+// pays (wide_d64 below). Several consumers let one run its softmax while another's
+// products run on the tensor cores (FA3's ping-pong, left to the warp schedulers here
+// rather than enforced with barriers); d64's softmax weighs twice d128's against its
+// products (per S element the same exponential for half the matrix work).
+constexpr int kConsumerWarpgroups = 2;  // the default, and the backward's
+XLA_ATTN_HOST_DEVICE constexpr int block_m(int wgs) { return 64 * wgs; }
+constexpr int kBlockM = block_m(kConsumerWarpgroups);
 
-// Registers a thread after setmaxnreg (sm_90a): 384 threads start at 168 (65536 / 384,
-// rounded down to 8); the producer drops to 24 and the consumers take 240, 128 x 24 +
-// 256 x 240 = 64512 <= 65536. A consumer holds S (block_n / 2 f32), O (D / 2 f32) and
-// P (block_n / 4 b32): d128 64 + 64 + 32, d256 32 + 128 + 16.
+// Three consumer warpgroups (192 rows a block) at d64, measured on an H100 against two
+// (bf16, B x S = 16384, H = 32): full S = 512 ... 16384 +4 to +20 % (489 against 424
+// TFLOP/s at 16384), causal +1 to +11 % from S = 2048 on, but causal S = 512 / 1024 -15 /
+// -13 % (117 / 176 against 138 / 203: 192-row blocks carry more masked tiles and there
+// are fewer of them). So: three unless the mask has a right edge (causal is a window
+// with right = 0) and the longest sequence has at most 1024 queries.
+constexpr int kWideMaxMaskedRows = 1024;
+XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q) {
+  return window_right < 0 || max_seqlen_q > kWideMaxMaskedRows;
+}
+
+// Registers a thread after setmaxnreg (sm_90a): a block starts at 65536 / its threads
+// (rounded down to 8: 168 at 384 threads, 128 at 512); the producer drops to 24 and the
+// consumers take the rest: 240 with two (128 x 24 + 256 x 240 = 64512), 160 with three
+// (3072 + 384 x 160 = 64512). A consumer holds S (block_n / 2 f32), O (D / 2 f32) and P
+// (block_n / 4 b32): d64 64 + 32 + 32, d128 64 + 64 + 32, d256 32 + 128 + 16.
 constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;
+XLA_ATTN_HOST_DEVICE constexpr int consumer_regs(int wgs) {
+  return (65536 - 128 * kProducerRegs) / (128 * wgs) / 8 * 8;
+}
+constexpr int kConsumerRegs = consumer_regs(kConsumerWarpgroups);
 
 // Head dims are padded with zeros up to 64, 128 or 256 (the copy engine fills columns
 // past head_dim with zeros): whole 128-byte rows per 64-column block.
@@ -40,14 +57,14 @@ constexpr int kStages = 2;
 // d128: 32 + 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's limit on sm_90).
 constexpr int kAlign = 1024;
 constexpr int kRowBytes = 128;  // one 64-column block of a row, 16-bit elements
-XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d) { return kBlockM * 2 * d; }
+XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d, int wgs) { return block_m(wgs) * 2 * d; }
 XLA_ATTN_HOST_DEVICE constexpr int kv_bytes(int d) { return block_n(d) * 2 * d; }
 // q_full, then full_k, full_v and empty per stage: 8 bytes each.
 constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
-XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d) {
-  return kAlign + q_bytes(d) + 2 * kStages * kv_bytes(d) + kBarrierBytes;
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs) {
+  return kAlign + q_bytes(d, wgs) + 2 * kStages * kv_bytes(d) + kBarrierBytes;
 }
-static_assert(smem_bytes(256) <= 227 * 1024, "the d256 tiles exceed sm_90's 227 KB a block");
+static_assert(smem_bytes(256, 2) <= 227 * 1024, "the d256 tiles exceed sm_90's 227 KB a block");
 
 // Split-KV is not this family's: where the grid cannot fill the GPU by itself (one
 // block an SM, 132 SMs on an H100), the launcher takes the sm80 family, which splits.
