@@ -406,6 +406,28 @@ struct TileSoftmax {
 };
 
 
+// The score transform of sequence b, head h, in base 2 (TileSoftmax's fields): x = dot *
+// scale * log2 e, or with softcap x = softcap * log2 e * tanh(dot * scale / softcap);
+// ALiBi subtracts slope * log2 e * |pos - j|. The exponent's factor exp_mul is the score
+// factor itself where it is positive and there is no softcap, else 1 after a first pass
+// (prescale) applies them.
+struct ScoreTransform {
+  bool softcap, prescale;
+  float mul, cap, slope, exp_mul;
+  static __device__ __forceinline__ ScoreTransform of(const xla_attn_flash_fwd_params& p, int b,
+                                                      int h) {
+    ScoreTransform x;
+    x.softcap = p.softcap > 0.f;
+    x.mul = x.softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+    x.cap = p.softcap * kLog2e;
+    x.slope =
+        (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] : 0.f) * kLog2e;
+    x.prescale = !x.softcap && !(x.mul > 0.f);
+    x.exp_mul = x.softcap || x.prescale ? 1.f : x.mul;
+    return x;
+  }
+};
+
 }  // namespace sm80
 
 template <typename T, int D>
@@ -451,17 +473,9 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
   const T* v = static_cast<const T*>(p.v) + int64_t(hk) * hd;
   const bool vec = hd % 8 == 0 && aligned_to<T>(p.q, 16) && aligned_to<T>(p.k, 16) &&
                    aligned_to<T>(p.v, 16);
-  // Scores in base 2: x = dot * scale * log2 e, or with softcap
-  // x = softcap * log2 e * tanh(dot * scale / softcap); ALiBi subtracts slope * log2 e * |pos - j|.
-  const bool softcap = p.softcap > 0.f;
-  const float mul = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
-  const float cap = p.softcap * kLog2e;
-  const float slope =
-      (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] : 0.f) * kLog2e;
-  // The exponent's factor (TileSoftmax): the score factor itself where it is positive
-  // and there is no softcap, else 1 after a first pass applies them.
-  const bool prescale = !softcap && !(mul > 0.f);
-  const float exp_mul = softcap || prescale ? 1.f : mul;
+  const ScoreTransform sx = ScoreTransform::of(p, b, h);
+  const bool softcap = sx.softcap, prescale = sx.prescale;
+  const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const LdsmLane<D> lds = LdsmLane<D>::a_operand(lane);  // Q, V

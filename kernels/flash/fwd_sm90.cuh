@@ -113,13 +113,9 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
 
     // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).
-    const bool softcap = p.softcap > 0.f;
-    const float mul = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
-    const float cap = p.softcap * kLog2e;
-    const float slope =
-        (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] : 0.f) * kLog2e;
-    const bool prescale = !softcap && !(mul > 0.f);
-    const float exp_mul = softcap || prescale ? 1.f : mul;
+    const sm80::ScoreTransform sx = sm80::ScoreTransform::of(p, b, h);
+    const bool softcap = sx.softcap, prescale = sx.prescale;
+    const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
     // Keys every row of the block sees, inside its range: tiles there need no mask.
     int full_lo, full_hi;
     win.keys_seen_by_all(m0, min(m0 + kBlockM, s.num_q) - 1, s.offset, s.num_k, &full_lo,
