@@ -7,7 +7,7 @@
 // sequence:
 // - warpgroup 0, the producer: one thread copies Q once and then each K / V tile into
 //   kStages shared-memory stages, each copy completing on its stage's full barrier, a
-//   stage refilled once both consumers have released it (its empty barrier);
+//   stage refilled once every consumer warp has released it (its empty barrier);
 // - warpgroups 1 .. kWgs, the consumers, 64 query rows each: S = Q K^T (wgmma, both
 //   operands in shared memory), the online softmax in registers (sm80::TileSoftmax, the
 //   same code as the sm80 family: the accumulator fragments are mma.sync's), P rounded

@@ -52,7 +52,7 @@ XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 128 : 64; 
 constexpr int kStages = 2;
 
 // Shared memory, every tile in 64-column blocks of 128-byte rows (the 128-byte swizzle
-// repeats every 1 KB, so every block starts on a 1 KB boundary): Q (kBlockM rows), then
+// repeats every 1 KB, so every block starts on a 1 KB boundary): Q (block_m rows), then
 // kStages K tiles, kStages V tiles, then the barriers. kAlign of slack aligns the start.
 // d128: 32 + 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's limit on sm_90).
 constexpr int kAlign = 1024;
@@ -72,7 +72,7 @@ constexpr int kTargetBlocks = 132;
 
 // What the kernel receives: the op's params and the tensor maps of Q, K and V, each a
 // 3-d view [rows][heads][head_dim] (innermost last) read in boxes of 64 columns x 1
-// head x kBlockM (Q) or block_n (K, V) rows.
+// head x block_m (Q) or block_n (K, V) rows.
 struct Args {
   xla_attn_flash_fwd_params p;
   sm90::TensorMap q_map, k_map, v_map;
