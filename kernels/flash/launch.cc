@@ -127,7 +127,8 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
     if (!(v = dispatch::select(q, &unused))) return false;
   }
   const FwdTiles tiles = sm90_tiles(params.head_dim, wgs);
-  if (plan(params, tiles).splits > 1) return false;
+  const FwdPlan pl = plan(params, tiles);
+  if (pl.splits > 1) return false;
   flash_sm90::Args args;
   args.p = params;
   args.p.num_splits = 1;
@@ -140,8 +141,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                    block_n).empty()) {
     return false;
   }
-  const dim3 grid(unsigned(std::max(1, (params.max_seqlen_q + tiles.block_m - 1) / tiles.block_m)),
-                  params.num_heads, params.batch + 1);
+  const dim3 grid(unsigned(pl.row_blocks), params.num_heads, params.batch + 1);
   *error = dispatch::launch(*v, grid, tiles.smem, stream, &args);
   return true;
 }
@@ -287,9 +287,8 @@ std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::
   }
   const dim3 dkdv_grid(unsigned((std::max(p.max_seqlen_k, 1) + kB - 1) / kB) * grads_split,
                        p.num_heads_k, p.batch + 1);
-  if (!launch_bwd_dkdv_sm90(p, features, arch, stream, &error) &&
-      !(error = dispatch::launch(*dkdv_kernel, dkdv_grid, dkdv_smem, stream, &p)).empty()) {
-    return error;
+  if (!launch_bwd_dkdv_sm90(p, features, arch, stream, &error)) {
+    error = dispatch::launch(*dkdv_kernel, dkdv_grid, dkdv_smem, stream, &p);
   }
   if (!error.empty()) return error;
   // dq from the accumulator: a block per 16 rows (sm80::kAccChunkRows); else the dq kernel.
