@@ -83,6 +83,14 @@ __device__ __forceinline__ void regs_acquire() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// stmatrix.x4: four 8 x 8 matrices of 16-bit units to shared memory, lane l giving row
+// l / 4, units 2 (l % 4) and + 1 of matrix i in r[i], lanes 8i .. 8i + 7 the row addresses.
+__device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -208,7 +216,58 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   }
 }
 
+// fp8 (e4m3) products: m64nNk32, both operands K-major (8-bit types take no transpose),
+// A from shared memory (SS) or registers (RS: 4 b32 of 4 bytes, row g: k 4t..4t+3 and
+// 16+4t.., row g+8 the same, i.e. mma.sync's m16n8k32 A fragment per warp).
+#define XLA_ATTN_WGMMA_SS_E4M3(N, REGS, ACC, A, B, FLAG)                                      \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %" FLAG ", 0;\n"                               \
+               "wgmma.mma_async.sync.aligned.m64n" N "k32.f32.e4m3.e4m3 " REGS              \
+               ", %" A ", %" B ", p, 1, 1; }\n"                                              \
+               : ACC(d)                                                                     \
+               : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)))
+#define XLA_ATTN_WGMMA_RS_E4M3(N, REGS, ACC, A0, A1, A2, A3, B)                               \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" N "k32.f32.e4m3.e4m3 " REGS              \
+               ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", 1, 1, 1;\n"                \
+               : ACC(d)                                                                     \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+
+template <int N>
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], uint64_t desc_a,
+                                              uint64_t desc_b, bool accumulate) {
+  static_assert(N == 128, "wgmma_ss_e4m3: N = 128");
+  XLA_ATTN_WGMMA_SS_E4M3("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66");
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4],
+                                              uint64_t desc_b) {
+  static_assert(N == 128 || N == 256, "wgmma_rs_e4m3: N = 128 or 256");
+  if constexpr (N == 128) {
+    XLA_ATTN_WGMMA_RS_E4M3("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
+                           "67", "68");
+  } else {
+    XLA_ATTN_WGMMA_RS_E4M3("256", XLA_ATTN_WGMMA_REGS128, XLA_ATTN_WGMMA_ACC128, "128", "129",
+                           "130", "131", "132");
+  }
+}
+
+// Four floats as e4m3 bytes 0..3 of a b32 (round to nearest, saturating at +-448): cvt
+// puts its first source in the upper byte of each pair.
+__device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
+  uint32_t lo, hi;
+  asm("{ .reg .b16 l, h;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 l, %3, %2;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 h, %5, %4;\n"
+      "cvt.u32.u16 %0, l;\n"
+      "cvt.u32.u16 %1, h; }\n"
+      : "=r"(lo), "=r"(hi)
+      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  return lo | (hi << 16);
+}
+
 #undef XLA_ATTN_WGMMA_SS
 #undef XLA_ATTN_WGMMA_RS
+#undef XLA_ATTN_WGMMA_SS_E4M3
+#undef XLA_ATTN_WGMMA_RS_E4M3
 
 }  // namespace xla_attn::sm90

@@ -414,11 +414,12 @@ struct TileSoftmax {
 struct ScoreTransform {
   bool softcap, prescale;
   float mul, cap, slope, exp_mul;
+  // qk_descale: the fp8 kernels' q_descale * k_descale, a factor of every raw score.
   static __device__ __forceinline__ ScoreTransform of(const xla_attn_flash_fwd_params& p, int b,
-                                                      int h) {
+                                                      int h, float qk_descale = 1.f) {
     ScoreTransform x;
     x.softcap = p.softcap > 0.f;
-    x.mul = x.softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+    x.mul = (x.softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e) * qk_descale;
     x.cap = p.softcap * kLog2e;
     x.slope =
         (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] : 0.f) * kLog2e;

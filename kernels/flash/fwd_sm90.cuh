@@ -18,6 +18,13 @@
 // (+inf for rows that see no key), batch_used, decode_max_q; not paged K/V, not split-KV,
 // and head_dim % 8 == 0 with 16-byte aligned tensors (the copy engine's strides).
 //
+// fp8 (e4m3 q, k, v with q/k/v_descale; bf16 out; head dims up to 128 in one 128-byte
+// column block): S = Q K^T on m64n128k32 e4m3 products; P is rounded to e4m3 in
+// registers for P V. 8-bit wgmma reads B only K-major, and P V's K is the keys, so the
+// producer warpgroup transposes each V tile in shared memory into a V^T tile (below,
+// transpose_v_e4m3) while the consumers compute, then releases it on a full_vt barrier.
+// The descales scale the scores (q_descale * k_descale) and O (v_descale).
+//
 // Rows past a sequence: the copy engine reads whole boxes, so a tile's rows past the
 // sequence's keys hold the next sequence's or padding data (NaN, say). Their scores
 // are masked by a select; their V rows are zeroed in shared memory before P V (0 x NaN
@@ -29,6 +36,58 @@
 #include "flash/sm90_tiles.h"
 
 namespace xla_attn {
+namespace flash_sm90 {
+
+template <bool kFp8, typename T>
+struct OutType {
+  using type = T;
+};
+template <typename T>
+struct OutType<true, T> {
+  using type = __nv_bfloat16;
+};
+
+// One kBlockN x 128-byte V tile of e4m3 (rows = keys, 128-byte swizzled as the copy
+// engine lands it) into V^T (rows = head dims, kBlockN = 128 bytes of keys, swizzled the
+// same way), as the K-major B operand of P V, by the producer's transposing warps. Keys
+// are permuted inside each 16: V^T column 16c + 4t + j holds key 16c + 2t + (j & 1) +
+// 8 (j >> 1), the key whose score sits in byte j of the P register that the consumers
+// pack from accumulator pairs (2t, 2t + 1) and (2t + 8, 2t + 9) (to_p), so P needs no
+// shuffle. Keys at or past `have` read as zeros (rows past the sequence may hold NaN).
+// A warp moves a 16-key x 32-dim block a step: one ldmatrix.x4.trans (16-bit units: a
+// lane gets dims 2g, 2g + 1 of keys 2t, 2t + 1, and of keys 2t + 8, 2t + 9 and dims + 16
+// in the other three matrices), 4 byte permutes into 4 keys of one dim a register, one
+// stmatrix.x4 (matrix row g = V^T row 2g (+1, +16, +17), bytes 4t.. = keys 4t..). The
+// loads hit 8 distinct 16-byte chunks a phase, the stores 4 (2-way): rows 2g + e share
+// their swizzle phase in pairs (addresses simulated). With 4-byte loads and stores the
+// transpose took ~70 instructions per 16 bytes a lane, and issue slots that the consumer
+// warps on the same schedulers needed: the fp8 forward ran at 0.8-1.0x bf16.
+__device__ __forceinline__ void transpose_v_e4m3(uint32_t raw, uint32_t vt, int have, int pt) {
+  const int lane = pt % 32, warp = pt / 32;
+  const int m = lane / 8, r = lane % 8, half = m >> 1, t = lane % 4;
+  // this lane's ldmatrix row (key r of matrix m) and stmatrix row (V^T row n_lane)
+  const uint32_t ld_row = raw + uint32_t(r + 8 * (m & 1)) * 128u;
+  const int n_lane = 16 * half + 2 * r + (m & 1);
+  const uint32_t st_row = vt + uint32_t(n_lane) * 128u;
+#pragma unroll 1
+  for (int blk = warp; blk < 32; blk += kTransposeWarps) {  // 8 key x 4 dim blocks
+    const int c = blk % 8, xb = blk / 8;  // keys 16c .., dims 32xb ..
+    uint32_t x[4];
+    sm80::ldsm_x4_trans(x, ld_row + uint32_t(c) * 2048u + (uint32_t((2 * xb + half) ^ r) << 4));
+    if (16 * c + 16 > have) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int key = 16 * c + 2 * t + 8 * (q & 1);
+        x[q] &= (key < have ? 0xFFFFu : 0u) | (key + 1 < have ? 0xFFFF0000u : 0u);
+      }
+    }
+    const uint32_t y[4] = {__byte_perm(x[0], x[1], 0x6420u), __byte_perm(x[0], x[1], 0x7531u),
+                           __byte_perm(x[2], x[3], 0x6420u), __byte_perm(x[2], x[3], 0x7531u)};
+    sm90::stsm_x4(st_row + uint32_t(xb) * 4096u + (uint32_t(c ^ (n_lane & 7)) << 4), y);
+  }
+}
+
+}  // namespace flash_sm90
 
 template <typename T, int D, int kWgs>
 __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
@@ -36,17 +95,24 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   constexpr int kBlockN = block_n(D);
   constexpr int kBlockM = block_m(kWgs);  // kWgs consumer warpgroups of 64 rows
   constexpr int kConsumers = 128 * kWgs;  // consumer threads
-  constexpr int kColBlocks = D / 64;  // 64-column blocks of a row
+  constexpr int kEB = int(sizeof(T));  // element bytes: 2, or 1 for e4m3
+  constexpr bool kFp8 = kEB == 1;
+  using Out = typename OutType<kFp8, T>::type;
+  static_assert(!kFp8 || (D == kFp8HeadDim && kWgs == 2), "fp8: the d128 bucket, 2 consumers");
+  constexpr int kColBlocks = D * kEB / kRowBytes;  // 128-byte column blocks of a row
+  constexpr int kKSteps = D * kEB / 32;  // Q K^T k-steps, 32 bytes of a row each
+  constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
   constexpr int kNT = kBlockN / 8;    // n8 tiles of S
   constexpr int kDT = D / 8;          // n8 tiles of O
   constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;   // one column block of Q
   constexpr uint32_t kKVBlockBytes = kBlockN * kRowBytes;  // one column block of K or V
   constexpr uint32_t kKVBytes = kColBlocks * kKVBlockBytes;
+  constexpr uint32_t kVtBytes = vt_bytes(D, kEB);  // fp8: V^T, D rows of kBlockN bytes
   const xla_attn_flash_fwd_params& p = a.p;
   extern __shared__ __align__(128) unsigned char smem[];
 
   FwdBlock blk;
-  if (!blk.locate<T>(p, kBlockM, kBlockN)) return;
+  if (!blk.locate<Out>(p, kBlockM, kBlockN)) return;
   const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd, hk = blk.hk;
   const int n_lo = blk.n_lo, n_hi = blk.n_hi;
   const Sequence& s = blk.s;
@@ -55,65 +121,112 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
 
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
   const uint32_t sQ = base;
-  const uint32_t sK = sQ + uint32_t(q_bytes(D, kWgs));
-  const uint32_t sV = sK + kStages * kKVBytes;
-  const uint32_t bars = sV + kStages * kKVBytes;
+  const uint32_t sK = sQ + uint32_t(q_bytes(D, kWgs, kEB));
+  // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
+  constexpr int kKRing = k_stages(kEB), kVRing = v_stages(kEB), kVtRing = vt_stages(kEB);
+  constexpr int kPvRing = kFp8 ? kVtRing : kVRing;
+  const uint32_t sV = sK + kKRing * kKVBytes;
+  const uint32_t sVt = sV + kVRing * kKVBytes;
+  const uint32_t bars = sVt + kVtRing * kVtBytes;
   // q_full, then per stage: full_k, full_v (the producer's copies landed), empty_k,
   // empty_v (both consumer warpgroups are done reading). K and V are released apart: K_j
   // once S_j is computed, a whole softmax and P V earlier than V_j, so that the producer
-  // can land K_{j+2} while tile j + 1 is still being consumed.
+  // can land K_{j+2} while tile j + 1 is still being consumed. fp8: full_v says the raw
+  // V tile landed (the producer's own wait), full_vt that its transpose is written, and
+  // empty_v that the consumers are done with the V^T tile.
   const uint32_t q_full = bars;
-  auto bar = [&](int kind, int st) { return bars + 8u * uint32_t(1 + kind * kStages + st); };
-  enum { kFullK, kFullV, kEmptyK, kEmptyV };
+  auto bar = [&](int kind, int st) { return bars + 8u * uint32_t(1 + kind * kMaxStages + st); };
+  enum { kFullK, kFullV, kEmptyK, kEmptyV, kFullVt, kEmptyRaw };
+  // the parity of tile j's use of its stage in a ring of `ring`
+  auto parity = [](int j, int ring) { return uint32_t(j / ring) & 1u; };
   if (threadIdx.x == 0) {
     sm90::mbar_init(q_full);
-    for (int st = 0; st < kStages; ++st) {
+    for (int st = 0; st < kKRing; ++st) {
       sm90::mbar_init(bar(kFullK, st));
-      sm90::mbar_init(bar(kFullV, st));
       sm90::mbar_init(bar(kEmptyK, st), 4 * kWgs);  // one arrival a consumer warp
+    }
+    for (int st = 0; st < kVRing; ++st) {
+      sm90::mbar_init(bar(kFullV, st));
+      if constexpr (kFp8) sm90::mbar_init(bar(kEmptyRaw, st));
+    }
+    for (int st = 0; st < kPvRing; ++st) {
       sm90::mbar_init(bar(kEmptyV, st), 4 * kWgs);
+      if constexpr (kFp8) sm90::mbar_init(bar(kFullVt, st));
     }
     sm90::mbar_init_fence();
   }
   __syncthreads();
 
+  // fp8: V tile j into V^T stage j % kStages by the producer's warps 1 .. 3, once the
+  // copy has landed and the consumers have released that stage's previous V^T tile; the
+  // stores are made visible to wgmma (the async proxy) before full_vt is signalled, and
+  // the raw stage is handed back to the copying thread (empty_raw) after the named
+  // barrier.
+  auto transpose_stage = [&](int j) {
+    if constexpr (kFp8) {
+      const int st = j % kVtRing, raw = j % kVRing;
+      sm90::mbar_wait(bar(kFullV, raw), parity(j, kVRing));
+      if (j >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(j - kVtRing, kVtRing));
+      transpose_v_e4m3(sV + raw * kKVBytes, sVt + st * kVtBytes, n_hi - (n_lo + j * kBlockN),
+                       threadIdx.x - 32);
+      sm90::fence_proxy_async_shared();
+      sm90::named_barrier(kProducerBarrier, 32 * kTransposeWarps);
+      if (threadIdx.x == 32) {
+        sm90::mbar_arrive(bar(kFullVt, st));
+        sm90::mbar_arrive(bar(kEmptyRaw, raw));
+      }
+    }
+  };
+
   if (threadIdx.x < 128) {
     // The producer. Coordinates are (column, head, row), innermost first; boxes past
     // the tensor's rows or head_dim read as zeros.
-    sm90::regs_release<kProducerRegs>();
+    sm90::regs_release<kFp8 ? kProducerRegsFp8 : kProducerRegs>();
+    // Tile j into stage j % kStages, each tensor once the stage's previous tile (j -
+    // kStages) has released it: its (j / kStages - 1)-th release. fp8's raw V stages
+    // are released by the transposing warps.
+    auto load = [&](int j, int kind, uint32_t tiles_at, const sm90::TensorMap* map) {
+      const int ring = kind == kFullV ? kVRing : kKRing, st = j % ring;
+      if (j >= ring) {
+        const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
+        sm90::mbar_wait(bar(release, st), uint32_t(j / ring - 1) & 1u);
+      }
+      sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
+      const int row = int(s.k_start + n_lo + j * kBlockN);
+      for (int c = 0; c < kColBlocks; ++c) {
+        sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
+                          128 / kEB * c, hk, row);
+      }
+    };
     if (threadIdx.x == 0 && tiles > 0) {
       sm90::prefetch_tensor_map(&a.k_map);
       sm90::prefetch_tensor_map(&a.v_map);
       sm90::mbar_arrive_expect_tx(q_full, kColBlocks * kQBlockBytes);
       for (int c = 0; c < kColBlocks; ++c) {
-        sm90::tma_load_3d(sQ + c * kQBlockBytes, &a.q_map, q_full, 64 * c, h,
+        sm90::tma_load_3d(sQ + c * kQBlockBytes, &a.q_map, q_full, 128 / kEB * c, h,
                           int(s.q_start + m0));
       }
-      // Tile j into stage j % kStages, each tensor once the stage's previous tile (j -
-      // kStages) has released it: its (j / kStages - 1)-th release.
-      auto load = [&](int j, int kind, uint32_t tiles_at, const sm90::TensorMap* map) {
-        const int st = j % kStages;
-        if (j >= kStages) sm90::mbar_wait(bar(kind + 2, st), uint32_t(j / kStages - 1) & 1u);
-        sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
-        const int row = int(s.k_start + n_lo + j * kBlockN);
-        for (int c = 0; c < kColBlocks; ++c) {
-          sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
-                            64 * c, hk, row);
-        }
-      };
       for (int j = 0; j < tiles; ++j) {
         load(j, kFullK, sK, &a.k_map);
         load(j, kFullV, sV, &a.v_map);
       }
+    } else if (kFp8 && threadIdx.x >= 32) {
+      // fp8: warps 1 .. 3 transpose (warp 0's copying thread stays free to run ahead:
+      // sharing the copies with a transposing thread held K's copy back a whole tile,
+      // and the fp8 forward ran no faster than bf16's)
+      for (int j = 0; j < tiles; ++j) transpose_stage(j);
     }
   } else {
-    sm90::regs_acquire<consumer_regs(kWgs)>();
+    sm90::regs_acquire<consumer_regs(kWgs, kFp8 ? kProducerRegsFp8 : kProducerRegs)>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
     const int wg = ct / 128, row0 = wg * 64;  // the warpgroup and its first row in the block
     const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
 
     // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).
-    const sm80::ScoreTransform sx = sm80::ScoreTransform::of(p, b, h);
+    const float qk_descale = kFp8 ? (p.q_descale ? *p.q_descale : 1.f) *
+                                        (p.k_descale ? *p.k_descale : 1.f)
+                                  : 1.f;
+    const sm80::ScoreTransform sx = sm80::ScoreTransform::of(p, b, h, qk_descale);
     const bool softcap = sx.softcap, prescale = sx.prescale;
     const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
     // Keys every row of the block sees, inside its range: tiles there need no mask.
@@ -127,8 +240,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
     float sc[1][kNT][4];
     float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
-    uint32_t pa[kBlockN / 16][4];  // P of the previous tile, P V's A operand
-    auto parity = [](int j) { return uint32_t(j / kStages) & 1u; };
+    uint32_t pa[kPSteps][4];  // P of the previous tile, P V's A operand
     // Consumer warp's release of stage st's K or V (after __syncwarp, every lane's reads
     // of the product that used it have completed).
     auto release = [&](int kind, int st) {
@@ -139,17 +251,21 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // S = Q K_j^T, issued (not waited for): D / 16 k-steps, each 32 bytes further along
     // the 128-byte rows, the next column block every 4 steps.
     auto issue_s = [&](int j) {
-      const int st = j % kStages;
-      sm90::mbar_wait(bar(kFullK, st), parity(j));
+      const int st = j % kKRing;
+      sm90::mbar_wait(bar(kFullK, st), parity(j, kKRing));
       sm90::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+      for (int kk = 0; kk < kKSteps; ++kk) {
         const uint32_t at = uint32_t(kk / 4) * kQBlockBytes + uint32_t(kk % 4) * 32u;
         const uint64_t dq = sm90::smem_desc(sQ + at + row0 * kRowBytes, 16);
         const uint64_t dk =
             sm90::smem_desc(sK + st * kKVBytes + uint32_t(kk / 4) * kKVBlockBytes +
                                 uint32_t(kk % 4) * 32u, 16);
-        sm90::wgmma_ss<kBlockN, T>(s_flat, dq, dk, kk > 0);
+        if constexpr (kFp8) {
+          sm90::wgmma_ss_e4m3<kBlockN>(s_flat, dq, dk, kk > 0);
+        } else {
+          sm90::wgmma_ss<kBlockN, T>(s_flat, dq, dk, kk > 0);
+        }
       }
       sm90::wgmma_commit();
     };
@@ -158,10 +274,24 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // The last tile's rows past the block's key range are zeroed first (they may hold
     // the next sequence's keys or NaN padding, and 0 x NaN is NaN): both consumer
     // warpgroups read them, so all their threads write a share and meet.
+    // fp8: B is the V^T tile (K-major, keys along the 128-byte rows, 32 a k-step), whose
+    // keys past the range the producer wrote as zeros.
     auto issue_pv = [&](int j) {
-      const int st = j % kStages, n0 = n_lo + j * kBlockN;
+      const int st = j % kPvRing, n0 = n_lo + j * kBlockN;
+      if constexpr (kFp8) {
+        sm90::mbar_wait(bar(kFullVt, st), parity(j, kVtRing));
+        sm90::wgmma_hold(o_flat);
+        sm90::wgmma_hold(pa);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk) {
+          const uint64_t dv = sm90::smem_desc(sVt + st * kVtBytes + uint32_t(kk) * 32u, 16);
+          sm90::wgmma_rs_e4m3<D>(o_flat, pa[kk], dv);
+        }
+        sm90::wgmma_commit();
+      } else {
       const uint32_t tV = sV + st * kKVBytes;
-      sm90::mbar_wait(bar(kFullV, st), parity(j));
+      sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
       if (n0 + kBlockN > n_hi) {
         const int have = n_hi - n0;
         for (int c = ct; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
@@ -183,6 +313,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         sm90::wgmma_rs<D, T>(o_flat, pa[kk], dv);
       }
       sm90::wgmma_commit();
+      }
     };
     // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is
     // handed back (corr, rescale) for after the P V product in flight.
@@ -213,10 +344,23 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
     // P V has completed: a register an in-flight product reads may not be written
     // (ptxas serializes every wgmma of the kernel otherwise, C7513).
+    // fp8: k-step kk's 32 keys are n8 tiles 4kk .. 4kk + 3; byte j of a register holds
+    // the pair element (j & 1) of tile 4kk + (j >> 1) (+2 for registers 2, 3), the order
+    // transpose_v_e4m3 gives V^T's keys.
     auto to_p = [&] {
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+      for (int kk = 0; kk < kPSteps; ++kk) {
+        if constexpr (kFp8) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float(&lo)[4] = sc[0][4 * kk + 2 * (r / 2)];
+            const float(&hi)[4] = sc[0][4 * kk + 2 * (r / 2) + 1];
+            const int e = 2 * (r % 2);  // row g (elements 0, 1) or g + 8 (2, 3)
+            pa[kk][r] = sm90::pack4_e4m3(lo[e], lo[e + 1], hi[e], hi[e + 1]);
+          }
+        } else {
+          sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+        }
       }
     };
 
@@ -237,11 +381,11 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       issue_pv(j - 1);
       sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
       sm90::wgmma_hold(s_flat);
-      release(kEmptyK, j % kStages);
+      release(kEmptyK, j % kKRing);
       softmax(j);
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(o_flat);
-      release(kEmptyV, (j - 1) % kStages);
+      release(kEmptyV, (j - 1) % kPvRing);
       if (rescale) {
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
@@ -255,23 +399,39 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       issue_pv(tiles - 1);
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(o_flat);
-      release(kEmptyV, (tiles - 1) % kStages);
+      release(kEmptyV, (tiles - 1) % kPvRing);
     }
 
     // Epilogue: O normalised and rounded, staged in this warpgroup's own rows of sQ
     // (its last S product has completed; the other warpgroup reads only its own rows)
     // in the tile layout, then written as 16-byte chunks of whole rows; lse per row.
     const int64_t q_stride = int64_t(p.num_heads) * hd;
+    // fp8: O is scaled by v_descale and, bf16 being wider than the Q rows it would be
+    // staged in, stored from registers (pairs of columns).
+    const float out_scale = kFp8 && p.v_descale ? *p.v_descale : 1.f;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float sum = l[0][hf];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       // MUFU reciprocal and logarithm (~1 ulp), as the sm80 kernel's epilogue.
-      const float inv = sum > 0.f ? __fdividef(1.f, sum) : 0.f;
+      const float inv = sum > 0.f ? __fdividef(out_scale, sum) : 0.f;
       const int r = row0 + warp * 16 + g + 8 * hf, i = m0 + r;
+      if constexpr (kFp8) {
+        if (i < s.num_q) {
+          Out* row = static_cast<Out*>(p.out) + (s.q_start + i) * q_stride + int64_t(h) * hd;
 #pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
+          for (int dt = 0; dt < kDT; ++dt) {
+            const int col = 8 * dt + 2 * t;
+            if (col < hd) {
+              *reinterpret_cast<uint32_t*>(row + col) =
+                  sm80::pack2<Out>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int dt = 0; dt < kDT && !kFp8; ++dt) {
         const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, dt) + 4u * uint32_t(t);
         asm volatile("st.shared.u32 [%0], %1;" ::"r"(at),
                      "r"(sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv))
@@ -282,6 +442,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
             sum > 0.f ? m[0][hf] * kLn2 + __logf(sum) : XLA_ATTN_INF;
       }
     }
+    if constexpr (kFp8) return;
     sm90::named_barrier(2 + wg, 128);
     T* out = static_cast<T*>(p.out) + int64_t(h) * hd;
     const bool vec_out = aligned_to<T>(p.out, 16);

@@ -80,34 +80,40 @@ FwdPlan plan(const xla_attn_flash_fwd_params& p, const FwdTiles& t) {
   return plan;
 }
 
-FwdTiles sm90_tiles(int head_dim, int wgs) {
-  const int d = flash_sm90::head_bucket(head_dim);
-  return {flash_sm90::block_m(wgs), size_t(flash_sm90::smem_bytes(d, wgs)), flash_sm90::kTargetBlocks,
-          sm80::kMinKeysPerSplit, sm80::kMaxSplits};
+FwdTiles sm90_tiles(int head_dim, int wgs, bool fp8) {
+  const int d = fp8 ? flash_sm90::kFp8HeadDim : flash_sm90::head_bucket(head_dim);
+  return {flash_sm90::block_m(wgs), size_t(flash_sm90::smem_bytes(d, wgs, fp8 ? 1 : 2)),
+          flash_sm90::kTargetBlocks, sm80::kMinKeysPerSplit, sm80::kMaxSplits};
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// A [rows][heads][head_dim] tensor of 16-bit elements as the sm90 family reads it:
-// boxes of 64 columns x 1 head x `box_rows` rows, 128-byte swizzled.
+// A [rows][heads][head_dim] tensor of `eb`-byte elements (2, or 1 for fp8) as the sm90
+// family reads it: boxes of 128 bytes of columns x 1 head x `box_rows` rows, 128-byte
+// swizzled.
 std::string encode_rows(sm90::TensorMap* map, const void* base, int64_t rows, int heads,
-                        int head_dim, int box_rows) {
+                        int head_dim, int box_rows, int eb = 2) {
   const uint64_t dims[3] = {uint64_t(head_dim), uint64_t(heads), uint64_t(rows)};
-  const uint64_t strides[2] = {uint64_t(head_dim) * 2, uint64_t(heads) * head_dim * 2};
-  const uint32_t box[3] = {64, 1, uint32_t(box_rows)};
-  return dispatch::encode_tiled(map, base, 2, 3, dims, strides, box, 128, 128);
+  const uint64_t strides[2] = {uint64_t(head_dim) * eb, uint64_t(heads) * head_dim * eb};
+  const uint32_t box[3] = {uint32_t(128 / eb), 1, uint32_t(box_rows)};
+  return dispatch::encode_tiled(map, base, eb, 3, dims, strides, box, 128, 128);
 }
 
-// The sm90 family (flash/fwd_sm90.cuh) where it takes the call: sm_90, 16-bit q/k/v,
-// not paged, no split wanted (asked for, or planned because the grid would not fill the
-// GPU), rows the copy engine can stride (head_dim % 8 == 0, 16-byte aligned tensors).
-// Returns false (and launches nothing) where it does not; `error` is set only when it
-// took the call and the launch failed.
+// The sm90 family (flash/fwd_sm90.cuh) where it takes the call: sm_90, 16-bit q/k/v
+// (or fp8 e4m3 with head_dim 16..128), not paged, no split wanted (asked for, or planned
+// because the grid would not fill the GPU), rows the copy engine can stride (16-byte
+// rows and 16-byte aligned tensors). Returns false (and launches nothing) where it does
+// not; `error` is set only when it took the call and the launch failed.
 bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query& query,
                  cudaStream_t stream, std::string* error) {
+  const bool fp8 = params.q_dtype == XLA_ATTN_F8E4M3;
+  const int eb = fp8 ? 1 : 2;
   if (query.arch != 90 || params.block_table || params.num_splits > 1 ||
-      params.head_dim % 8 != 0 || params.total_k <= 0 || params.q_dtype != params.kv_dtype ||
-      (params.q_dtype != XLA_ATTN_F16 && params.q_dtype != XLA_ATTN_BF16) ||
+      params.head_dim * eb % 16 != 0 || params.total_k <= 0 ||
+      params.q_dtype != params.kv_dtype ||
+      (params.q_dtype != XLA_ATTN_F16 && params.q_dtype != XLA_ATTN_BF16 && !fp8) ||
+      (fp8 && !flash_sm90::fp8_covers(params.head_dim)) ||
+      (fp8 && reinterpret_cast<uintptr_t>(params.out) % 4 != 0) ||
       !aligned16(params.q) || !aligned16(params.k) || !aligned16(params.v)) {
     return false;
   }
@@ -117,7 +123,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   std::string unused;
   const dispatch::VariantEntry* v = nullptr;
   int wgs = flash_sm90::kConsumerWarpgroups;
-  if (flash_sm90::head_bucket(params.head_dim) == 64 &&
+  if (!fp8 && flash_sm90::head_bucket(params.head_dim) == 64 &&
       flash_sm90::wide_d64(params.window_right, params.max_seqlen_q)) {
     q.op = "flash_fwd_tma_m192";
     if ((v = dispatch::select(q, &unused))) wgs = 3;
@@ -126,19 +132,20 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
     q.op = "flash_fwd_tma";
     if (!(v = dispatch::select(q, &unused))) return false;
   }
-  const FwdTiles tiles = sm90_tiles(params.head_dim, wgs);
+  const FwdTiles tiles = sm90_tiles(params.head_dim, wgs, fp8);
   const FwdPlan pl = plan(params, tiles);
   if (pl.splits > 1) return false;
   flash_sm90::Args args;
   args.p = params;
   args.p.num_splits = 1;
-  const int block_n = flash_sm90::block_n(flash_sm90::head_bucket(params.head_dim));
+  const int block_n = flash_sm90::block_n(fp8 ? flash_sm90::kFp8HeadDim
+                                              : flash_sm90::head_bucket(params.head_dim));
   if (!encode_rows(&args.q_map, params.q, params.total_q, params.num_heads, params.head_dim,
-                   tiles.block_m).empty() ||
+                   tiles.block_m, eb).empty() ||
       !encode_rows(&args.k_map, params.k, params.total_k, params.num_heads_k, params.head_dim,
-                   block_n).empty() ||
+                   block_n, eb).empty() ||
       !encode_rows(&args.v_map, params.v, params.total_k, params.num_heads_k, params.head_dim,
-                   block_n).empty()) {
+                   block_n, eb).empty()) {
     return false;
   }
   const dim3 grid(unsigned(pl.row_blocks), params.num_heads, params.batch + 1);

@@ -32,9 +32,12 @@ XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q)
 // consumers take the rest: 240 with two (128 x 24 + 256 x 240 = 64512), 160 with three
 // (3072 + 384 x 160 = 64512). A consumer holds S (block_n / 2 f32), O (D / 2 f32) and P
 // (block_n / 4 b32): d64 64 + 32 + 32, d128 64 + 64 + 32, d256 32 + 128 + 16.
+// fp8: the producer also transposes V (fwd_sm90.cuh, transpose_v_e4m3), one 4 x 4-byte
+// block after another in 40 (consumers 232: at 56 / 224 they spilled 300 bytes).
 constexpr int kProducerRegs = 24;
-XLA_ATTN_HOST_DEVICE constexpr int consumer_regs(int wgs) {
-  return (65536 - 128 * kProducerRegs) / (128 * wgs) / 8 * 8;
+constexpr int kProducerRegsFp8 = 40;
+XLA_ATTN_HOST_DEVICE constexpr int consumer_regs(int wgs, int producer_regs = kProducerRegs) {
+  return (65536 - 128 * producer_regs) / (128 * wgs) / 8 * 8;
 }
 constexpr int kConsumerRegs = consumer_regs(kConsumerWarpgroups);
 
@@ -44,27 +47,59 @@ XLA_ATTN_HOST_DEVICE constexpr int head_bucket(int head_dim) {
   return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
 }
 
+// fp8 (e4m3 q, k, v; bf16 out): one bucket, head dims up to 128 padded to 128, so that
+// a row is one 128-byte swizzle span as for the 16-bit kernels (d64 pays twice its
+// products; a 64-byte swizzled variant would not). d256 is not built: O's 128
+// registers, S's 64 and the transpose's producer registers would not fit 240.
+constexpr int kFp8HeadDim = 128;
+XLA_ATTN_HOST_DEVICE constexpr bool fp8_covers(int head_dim) {
+  return head_dim >= 16 && head_dim <= kFp8HeadDim && head_dim % 16 == 0;
+}
+
 // Keys per K/V tile: S is 64 x block_n per consumer warpgroup. 128 up to d128 (S 64 +
 // O 64 registers at d128); d256 takes 64 so that O's 128 registers fit beside S.
 XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 128 : 64; }
 
-// K/V tiles in flight: the producer fills stage j + 1 while tile j is computed.
+// K/V tiles in flight: the producer fills stage j + 1 while tile j is computed. fp8 (half
+// the bytes a tile, twice the product rate) rings K and the copied V through 4 stages and
+// its V^T tiles through 3, so that copies and transposes run further ahead of products
+// that finish sooner. Barriers are laid out for kMaxStages per kind.
 constexpr int kStages = 2;
+constexpr int kMaxStages = 4;
+XLA_ATTN_HOST_DEVICE constexpr int k_stages(int eb) { return eb == 1 ? 4 : kStages; }
+XLA_ATTN_HOST_DEVICE constexpr int v_stages(int eb) { return eb == 1 ? 4 : kStages; }
+XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int eb) { return eb == 1 ? 3 : 0; }
 
-// Shared memory, every tile in 64-column blocks of 128-byte rows (the 128-byte swizzle
-// repeats every 1 KB, so every block starts on a 1 KB boundary): Q (block_m rows), then
-// kStages K tiles, kStages V tiles, then the barriers. kAlign of slack aligns the start.
-// d128: 32 + 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's limit on sm_90).
+// Named barriers (0 is __syncthreads): 1 the consumers' V-tail zeroing, 2 + wg each
+// consumer warpgroup's epilogue (up to 4), kProducerBarrier the fp8 producer's transposes.
+constexpr int kProducerBarrier = 5;
+// fp8: the producer warpgroup's warps 1 .. 3 transpose V tiles; warp 0's thread 0 copies.
+constexpr int kTransposeWarps = 3;
+
+// Shared memory, every tile in column blocks of 128-byte rows (64 16-bit or 128 fp8
+// elements; the 128-byte swizzle repeats every 1 KB, so every block starts on a 1 KB
+// boundary): Q (block_m rows), then kStages K tiles, kStages V tiles, for fp8 kStages V^T
+// tiles (V transposed by the producer: fp8 wgmma reads B K-major only, and P V's K is
+// the keys), then the barriers. kAlign of slack aligns the start. d128: 32 + 4 x 32 KB;
+// d256: 64 + 4 x 32 KB (227 KB is a block's limit on sm_90); fp8 d128: 16 + 6 x 16 KB.
 constexpr int kAlign = 1024;
-constexpr int kRowBytes = 128;  // one 64-column block of a row, 16-bit elements
-XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d, int wgs) { return block_m(wgs) * 2 * d; }
-XLA_ATTN_HOST_DEVICE constexpr int kv_bytes(int d) { return block_n(d) * 2 * d; }
-// q_full, then full_k, full_v and empty per stage: 8 bytes each.
-constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
-XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs) {
-  return kAlign + q_bytes(d, wgs) + 2 * kStages * kv_bytes(d) + kBarrierBytes;
+constexpr int kRowBytes = 128;  // one column block of a row
+XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d, int wgs, int eb = 2) {
+  return block_m(wgs) * eb * d;
 }
-static_assert(smem_bytes(256, 2) <= 227 * 1024, "the d256 tiles exceed sm_90's 227 KB a block");
+XLA_ATTN_HOST_DEVICE constexpr int kv_bytes(int d, int eb = 2) { return block_n(d) * eb * d; }
+XLA_ATTN_HOST_DEVICE constexpr int vt_bytes(int d, int eb) { return eb == 1 ? kv_bytes(d, 1) : 0; }
+// q_full, then kMaxStages each of full_k, full_v, empty_k, empty_v and (fp8) full_vt,
+// empty_raw: 8 bytes each.
+XLA_ATTN_HOST_DEVICE constexpr int barrier_bytes(int eb) {
+  return 8 * (1 + (eb == 1 ? 6 : 4) * kMaxStages);
+}
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb = 2) {
+  return kAlign + q_bytes(d, wgs, eb) + (k_stages(eb) + v_stages(eb)) * kv_bytes(d, eb) +
+         vt_stages(eb) * vt_bytes(d, eb) + barrier_bytes(eb);
+}
+static_assert(smem_bytes(256, 2) <= 227 * 1024 && smem_bytes(128, 2, 1) <= 227 * 1024,
+              "the d256 (fp8: d128) tiles exceed sm_90's 227 KB a block");
 
 // Split-KV is not this family's: where the grid cannot fill the GPU by itself (one
 // block an SM, 132 SMs on an H100), the launcher takes the sm80 family, which splits.

@@ -202,7 +202,11 @@ def test_flash_forward_paged(family, gpu_device, rng, mk, dtype, block_size):
 
 
 def test_flash_forward_fp8(family, gpu_device, rng, mk):
-    _skip_outside(family, "float8_e4m3fn")
+    """fp8 e4m3 q, k, v with descales, bf16 out: the portable kernel (P in float32), and
+    on sm_90 the Hopper one (P rounded to e4m3: FP8_P_BOUND)."""
+    hopper = family == "sm90,sm80" and _is_sm90(gpu_device)
+    if not hopper:
+        _skip_outside(family, "float8_e4m3fn")
     lens = [33, 64]
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float8_e4m3fn", lens, lens, heads=4, heads_k=4,
                                            head_dim=64)
@@ -213,7 +217,36 @@ def test_flash_forward_fp8(family, gpu_device, rng, mk):
     out = jax.jit(lambda q, k, v, cq, ck, a, b, c: xj.flash_attn_varlen(
         q, k, v, cq, ck, 64, 64, causal=True, q_descale=a, k_descale=b, v_descale=c))(*args)
     assert out.dtype == jnp.bfloat16
-    ref.assert_attention_close(out, exp_out, "bfloat16")
+    ref.assert_attention_close(out, exp_out, "fp8_p" if hopper else "bfloat16")
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap",
+                                     "alibi_batch"])
+@pytest.mark.parametrize("head_dim", [16, 64, 80, 128])
+def test_flash_forward_fp8_sm90(gpu_device, rng, mk, monkeypatch, record_property, head_dim,
+                                feature):
+    """The Hopper fp8 forward alone (XLA_ATTN_FORCE_FAMILY=sm90): e4m3 q, k, v with
+    descales, bf16 out, head dims 16-128 padded to 128, the NaN-tail layout of the 16-bit
+    tests (boxes read past each sequence into NaN padding, keys past seqused_k NaN; the
+    transposed V tiles must zero them). The error against the float64 reference is
+    recorded per shape (junit property rel_error)."""
+    (q, k, v, _, cu_q, cu_k, seqused), (max_q, max_k) = _nan_tail_inputs(
+        gpu_device, rng, mk, monkeypatch, "float8_e4m3fn", head_dim, "sm90")
+    kw = _feature_kwargs(rng, mk, feature, 6, len(cu_q) - 1)
+    qd, kd, vd = (np.float32(s) for s in (0.5, 0.25, 2.0))
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
+                                                 q_descale=qd, k_descale=kd, v_descale=vd, **kw)
+    args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused, qd, kd, vd)
+    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
+              for key, val in kw.items()}
+    out, lse = jax.jit(lambda q, k, v, cq, ck, su, a, b, c: xj.flash_attn_varlen(
+        q, k, v, cq, ck, max_q, max_k, seqused_k=su, q_descale=a, k_descale=b, v_descale=c,
+        return_softmax_lse=True, **kw_dev))(*args)
+    assert out.dtype == jnp.bfloat16
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    valid = int(cu_q[-1])
+    record_property("rel_error", ref.rel_error(np.asarray(out)[:valid], exp_out[:valid]))
+    ref.assert_attention_close(out, exp_out, "fp8_p", lse, exp_lse, valid_rows=valid)
 
 
 @pytest.mark.parametrize("feature", ["plain", "causal", "causal_window_softcap", "alibi_batch"])
