@@ -91,9 +91,13 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
                : "memory");
 }
 
-// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads.
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads: wait there, or
+// only arrive (counted, not waiting).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Spelled-out operand lists: inline PTX needs every accumulator register by name.

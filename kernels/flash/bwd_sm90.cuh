@@ -324,9 +324,12 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     }
 
     // dK (times the softmax scale) and dV of the warp's 16 keys, staged in the warp's own
-    // rows of sK / sV (the warpgroup's products that read them have completed) and
-    // written as 16-byte chunks of whole rows. Keys [num_k, num_k_rows) own gradient rows
-    // too: they saw nothing, so theirs are 0.
+    // rows of sK / sV and written as 16-byte chunks of whole rows. Keys [num_k,
+    // num_k_rows) own gradient rows too: they saw nothing, so theirs are 0. The other
+    // warpgroup's last dQ = dS K reads all 128 rows of sK: both meet first. (Without
+    // this barrier a warpgroup that finished first overwrote K under the other's last dQ
+    // product: dq errors of 2-8 % under compute-sanitizer's timing, 1 run in 2.)
+    sm90::named_barrier(1, 256);
     const int rows_valid = min(16, s.num_k_rows - n0 - key_w);
     const int64_t kv_stride = int64_t(p.num_heads_k) * hd;
     const bool vec = aligned_to<T>(p.dk, 16) && aligned_to<T>(p.dv, 16);

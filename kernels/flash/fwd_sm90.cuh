@@ -367,9 +367,27 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
     // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O
     // is rescaled once it has landed.
+    // fp8 adds FA3's ping-pong: the two consumer warpgroups take turns issuing their
+    // products (named barriers kTurnBarrier + wg: wait for one's turn, then hand it to
+    // the other), so that one's products run while the other computes its softmax
+    // instead of both contending for the tensor cores and then both leaving them idle.
+    // Warpgroup 0 goes first; warpgroup 1 skips its last hand-over, so that every
+    // arrival is waited for.
+    constexpr bool kPingPong = kFp8 && kWgs == 2;
+    auto my_turn = [&] {
+      if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
+    };
+    auto their_turn = [&](bool last = false) {
+      if constexpr (kPingPong) {
+        if (!(last && wg == 1)) sm90::named_arrive(kTurnBarrier + 1 - wg, 256);
+      }
+    };
     if (tiles > 0) {
+      if (wg == 1) their_turn();
       sm90::mbar_wait(q_full, 0u);
+      my_turn();
       issue_s(0);
+      their_turn();
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(s_flat);
       release(kEmptyK, 0);
@@ -377,8 +395,10 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       to_p();
     }
     for (int j = 1; j < tiles; ++j) {
+      my_turn();
       issue_s(j);
       issue_pv(j - 1);
+      their_turn();
       sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
       sm90::wgmma_hold(s_flat);
       release(kEmptyK, j % kKRing);
@@ -396,7 +416,9 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       to_p();
     }
     if (tiles > 0) {
+      my_turn();
       issue_pv(tiles - 1);
+      their_turn(true);
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(o_flat);
       release(kEmptyV, (tiles - 1) % kPvRing);

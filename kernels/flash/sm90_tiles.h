@@ -71,8 +71,10 @@ XLA_ATTN_HOST_DEVICE constexpr int v_stages(int eb) { return eb == 1 ? 4 : kStag
 XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int eb) { return eb == 1 ? 3 : 0; }
 
 // Named barriers (0 is __syncthreads): 1 the consumers' V-tail zeroing, 2 + wg each
-// consumer warpgroup's epilogue (up to 4), kProducerBarrier the fp8 producer's transposes.
+// consumer warpgroup's epilogue (up to 4), kProducerBarrier the fp8 producer's transposes,
+// kTurnBarrier + wg the fp8 consumers' turns (ping-pong).
 constexpr int kProducerBarrier = 5;
+constexpr int kTurnBarrier = 6;
 // fp8: the producer warpgroup's warps 1 .. 3 transpose V tiles; warp 0's thread 0 copies.
 constexpr int kTransposeWarps = 3;
 
