@@ -269,15 +269,33 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       }
       sm90::wgmma_commit();
     };
+    // 16-bit: the last tile's V rows past the block's key range are zeroed before P V
+    // reads them (they may hold the next sequence's keys or NaN padding, and 0 x NaN is
+    // NaN): both consumer warpgroups read them, so all their threads write a share and
+    // meet, outside their turns (ping-pong) since both must get here. fp8: the producer
+    // zeroes those keys of the V^T tile.
+    auto zero_v_tail = [&](int j) {
+      const int st = j % kPvRing, n0 = n_lo + j * kBlockN;
+      if (!kFp8 && n0 + kBlockN > n_hi) {
+        const uint32_t tV = sV + st * kKVBytes;
+        sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
+        const int have = n_hi - n0;
+        for (int c = ct; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
+          if ((c / (kRowBytes / 16)) % kBlockN >= have) {
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
+                         "r"(0u)
+                         : "memory");
+          }
+        }
+        sm90::fence_proxy_async_shared();
+        sm90::named_barrier(1, kConsumers);
+      }
+    };
     // O += P V_j, issued: block_n / 16 k-steps of 16 keys (2 KB of V rows each); N = D
     // spans the column blocks, kKVBlockBytes apart (the descriptor's leading offset).
-    // The last tile's rows past the block's key range are zeroed first (they may hold
-    // the next sequence's keys or NaN padding, and 0 x NaN is NaN): both consumer
-    // warpgroups read them, so all their threads write a share and meet.
-    // fp8: B is the V^T tile (K-major, keys along the 128-byte rows, 32 a k-step), whose
-    // keys past the range the producer wrote as zeros.
+    // fp8: B is the V^T tile (K-major, keys along the 128-byte rows, 32 a k-step).
     auto issue_pv = [&](int j) {
-      const int st = j % kPvRing, n0 = n_lo + j * kBlockN;
+      const int st = j % kPvRing;
       if constexpr (kFp8) {
         sm90::mbar_wait(bar(kFullVt, st), parity(j, kVtRing));
         sm90::wgmma_hold(o_flat);
@@ -292,18 +310,6 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       } else {
       const uint32_t tV = sV + st * kKVBytes;
       sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
-      if (n0 + kBlockN > n_hi) {
-        const int have = n_hi - n0;
-        for (int c = ct; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
-          if ((c / (kRowBytes / 16)) % kBlockN >= have) {
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
-                         "r"(0u)
-                         : "memory");
-          }
-        }
-        sm90::fence_proxy_async_shared();
-        sm90::named_barrier(1, kConsumers);
-      }
       sm90::wgmma_hold(o_flat);
       sm90::wgmma_hold(pa);
       sm90::wgmma_fence();
@@ -367,13 +373,13 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
     // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O
     // is rescaled once it has landed.
-    // fp8 adds FA3's ping-pong: the two consumer warpgroups take turns issuing their
+    // With two consumer warpgroups, FA3's ping-pong: they take turns issuing their
     // products (named barriers kTurnBarrier + wg: wait for one's turn, then hand it to
     // the other), so that one's products run while the other computes its softmax
     // instead of both contending for the tensor cores and then both leaving them idle.
     // Warpgroup 0 goes first; warpgroup 1 skips its last hand-over, so that every
     // arrival is waited for.
-    constexpr bool kPingPong = kFp8 && kWgs == 2;
+    constexpr bool kPingPong = kWgs == 2;
     auto my_turn = [&] {
       if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
     };
@@ -395,6 +401,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       to_p();
     }
     for (int j = 1; j < tiles; ++j) {
+      zero_v_tail(j - 1);
       my_turn();
       issue_s(j);
       issue_pv(j - 1);
@@ -416,6 +423,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       to_p();
     }
     if (tiles > 0) {
+      zero_v_tail(tiles - 1);
       my_turn();
       issue_pv(tiles - 1);
       their_turn(true);
