@@ -13,9 +13,21 @@ namespace xla_attn {
 #define XLA_ATTN_INF __int_as_float(0x7f800000)
 #define XLA_ATTN_NAN __int_as_float(0x7fffffff)
 
-// NVRTC ships no <type_traits>; this is the one trait the families need.
+// NVRTC ships no <type_traits>; these are the two traits the families need.
 template <typename A, typename B> inline constexpr bool kSameType = false;
 template <typename A> inline constexpr bool kSameType<A, A> = true;
+
+// Select<c, A, B>: A if c, else B (std::conditional_t).
+template <bool kCond, typename A, typename B>
+struct SelectType {
+  using type = A;
+};
+template <typename A, typename B>
+struct SelectType<false, A, B> {
+  using type = B;
+};
+template <bool kCond, typename A, typename B>
+using Select = typename SelectType<kCond, A, B>::type;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }

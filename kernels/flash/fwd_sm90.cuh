@@ -1,4 +1,4 @@
-// Flash attention forward, sm90 family (sm_90a; f16 and bf16): FlashAttention-2's
+// Flash attention forward, sm90 family (sm_90a; f16, bf16, fp8 e4m3): FlashAttention-2's
 // online softmax on Hopper's own instructions (the FA3 paper's structure, arXiv
 // 2407.08608): tiles land by bulk tensor copies (TMA) on mbarriers, products run as
 // warpgroup wgmma, and the block is warp-specialized.
@@ -6,12 +6,14 @@
 // One block = kBlockM (128, or 192 with three consumers) query rows of one head of one
 // sequence:
 // - warpgroup 0, the producer: one thread copies Q once and then each K / V tile into
-//   kStages shared-memory stages, each copy completing on its stage's full barrier, a
-//   stage refilled once every consumer warp has released it (its empty barrier);
+//   rings of shared-memory stages (sm90_tiles.h), each copy completing on its stage's
+//   full barrier, a stage refilled once every consumer warp has released it (its empty
+//   barrier);
 // - warpgroups 1 .. kWgs, the consumers, 64 query rows each: S = Q K^T (wgmma, both
 //   operands in shared memory), the online softmax in registers (sm80::TileSoftmax, the
 //   same code as the sm80 family: the accumulator fragments are mma.sync's), P rounded
-//   to 16 bits in registers and O += P V (wgmma, P from registers, V read N-major).
+//   to 16 bits in registers and O += P V (wgmma, P from registers, V read N-major);
+//   with two consumers they take turns issuing products (ping-pong, below).
 //
 // The contract is the sm80 kernel's for what this family takes (the launcher sends the
 // rest there): varlen, seqused_k, GQA, causal / sliding window, softcap, ALiBi, lse
@@ -37,15 +39,6 @@
 
 namespace xla_attn {
 namespace flash_sm90 {
-
-template <bool kFp8, typename T>
-struct OutType {
-  using type = T;
-};
-template <typename T>
-struct OutType<true, T> {
-  using type = __nv_bfloat16;
-};
 
 // One kBlockN x 128-byte V tile of e4m3 (rows = keys, 128-byte swizzled as the copy
 // engine lands it) into V^T (rows = head dims, kBlockN = 128 bytes of keys, swizzled the
@@ -97,7 +90,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   constexpr int kConsumers = 128 * kWgs;  // consumer threads
   constexpr int kEB = int(sizeof(T));  // element bytes: 2, or 1 for e4m3
   constexpr bool kFp8 = kEB == 1;
-  using Out = typename OutType<kFp8, T>::type;
+  using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
   static_assert(!kFp8 || (D == kFp8HeadDim && kWgs == 2), "fp8: the d128 bucket, 2 consumers");
   constexpr int kColBlocks = D * kEB / kRowBytes;  // 128-byte column blocks of a row
   constexpr int kKSteps = D * kEB / 32;  // Q K^T k-steps, 32 bytes of a row each

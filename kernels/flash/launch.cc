@@ -80,9 +80,9 @@ FwdPlan plan(const xla_attn_flash_fwd_params& p, const FwdTiles& t) {
   return plan;
 }
 
-FwdTiles sm90_tiles(int head_dim, int wgs, bool fp8) {
-  const int d = fp8 ? flash_sm90::kFp8HeadDim : flash_sm90::head_bucket(head_dim);
-  return {flash_sm90::block_m(wgs), size_t(flash_sm90::smem_bytes(d, wgs, fp8 ? 1 : 2)),
+// `d`: the kernel's head-dim bucket, `eb`: its element bytes (1 for fp8).
+FwdTiles sm90_tiles(int d, int wgs, int eb) {
+  return {flash_sm90::block_m(wgs), size_t(flash_sm90::smem_bytes(d, wgs, eb)),
           flash_sm90::kTargetBlocks, sm80::kMinKeysPerSplit, sm80::kMaxSplits};
 }
 
@@ -108,6 +108,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                  cudaStream_t stream, std::string* error) {
   const bool fp8 = params.q_dtype == XLA_ATTN_F8E4M3;
   const int eb = fp8 ? 1 : 2;
+  const int d = fp8 ? flash_sm90::kFp8HeadDim : flash_sm90::head_bucket(params.head_dim);
   if (query.arch != 90 || params.block_table || params.num_splits > 1 ||
       params.head_dim * eb % 16 != 0 || params.total_k <= 0 ||
       params.q_dtype != params.kv_dtype ||
@@ -123,7 +124,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   std::string unused;
   const dispatch::VariantEntry* v = nullptr;
   int wgs = flash_sm90::kConsumerWarpgroups;
-  if (!fp8 && flash_sm90::head_bucket(params.head_dim) == 64 &&
+  if (!fp8 && d == 64 &&
       flash_sm90::wide_d64(params.window_right, params.max_seqlen_q)) {
     q.op = "flash_fwd_tma_m192";
     if ((v = dispatch::select(q, &unused))) wgs = 3;
@@ -132,14 +133,13 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
     q.op = "flash_fwd_tma";
     if (!(v = dispatch::select(q, &unused))) return false;
   }
-  const FwdTiles tiles = sm90_tiles(params.head_dim, wgs, fp8);
+  const FwdTiles tiles = sm90_tiles(d, wgs, eb);
   const FwdPlan pl = plan(params, tiles);
   if (pl.splits > 1) return false;
   flash_sm90::Args args;
   args.p = params;
   args.p.num_splits = 1;
-  const int block_n = flash_sm90::block_n(fp8 ? flash_sm90::kFp8HeadDim
-                                              : flash_sm90::head_bucket(params.head_dim));
+  const int block_n = flash_sm90::block_n(d);
   if (!encode_rows(&args.q_map, params.q, params.total_q, params.num_heads, params.head_dim,
                    tiles.block_m, eb).empty() ||
       !encode_rows(&args.k_map, params.k, params.total_k, params.num_heads_k, params.head_dim,

@@ -9,8 +9,8 @@ namespace xla_attn::flash_sm90 {
 // One block = a producer warpgroup (one thread issues every bulk tensor copy) and kWgs
 // consumer warpgroups of 64 query rows each (wgmma's M): two, or at d64 three where that
 // pays (wide_d64 below). Several consumers let one run its softmax while another's
-// products run on the tensor cores (FA3's ping-pong, left to the warp schedulers here
-// rather than enforced with barriers); d64's softmax weighs twice d128's against its
+// products run on the tensor cores (FA3's ping-pong: taken in turns on named barriers
+// with two consumers, fwd_sm90.cuh; left to the warp schedulers with three); d64's softmax weighs twice d128's against its
 // products (per S element the same exponential for half the matrix work).
 constexpr int kConsumerWarpgroups = 2;  // the default, and the backward's
 XLA_ATTN_HOST_DEVICE constexpr int block_m(int wgs) { return 64 * wgs; }
@@ -32,8 +32,8 @@ XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q)
 // consumers take the rest: 240 with two (128 x 24 + 256 x 240 = 64512), 160 with three
 // (3072 + 384 x 160 = 64512). A consumer holds S (block_n / 2 f32), O (D / 2 f32) and P
 // (block_n / 4 b32): d64 64 + 32 + 32, d128 64 + 64 + 32, d256 32 + 128 + 16.
-// fp8: the producer also transposes V (fwd_sm90.cuh, transpose_v_e4m3), one 4 x 4-byte
-// block after another in 40 (consumers 232: at 56 / 224 they spilled 300 bytes).
+// fp8: the producer also transposes V (fwd_sm90.cuh, transpose_v_e4m3), a 16-key x
+// 32-dim block a warp step, in 40 (consumers 232: at 56 / 224 they spilled 300 bytes).
 constexpr int kProducerRegs = 24;
 constexpr int kProducerRegsFp8 = 40;
 XLA_ATTN_HOST_DEVICE constexpr int consumer_regs(int wgs, int producer_regs = kProducerRegs) {
@@ -72,7 +72,7 @@ XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int eb) { return eb == 1 ? 3 : 0; }
 
 // Named barriers (0 is __syncthreads): 1 the consumers' V-tail zeroing, 2 + wg each
 // consumer warpgroup's epilogue (up to 4), kProducerBarrier the fp8 producer's transposes,
-// kTurnBarrier + wg the fp8 consumers' turns (ping-pong).
+// kTurnBarrier + wg the two consumers' turns (ping-pong).
 constexpr int kProducerBarrier = 5;
 constexpr int kTurnBarrier = 6;
 // fp8: the producer warpgroup's warps 1 .. 3 transpose V tiles; warp 0's thread 0 copies.
@@ -80,10 +80,11 @@ constexpr int kTransposeWarps = 3;
 
 // Shared memory, every tile in column blocks of 128-byte rows (64 16-bit or 128 fp8
 // elements; the 128-byte swizzle repeats every 1 KB, so every block starts on a 1 KB
-// boundary): Q (block_m rows), then kStages K tiles, kStages V tiles, for fp8 kStages V^T
-// tiles (V transposed by the producer: fp8 wgmma reads B K-major only, and P V's K is
-// the keys), then the barriers. kAlign of slack aligns the start. d128: 32 + 4 x 32 KB;
-// d256: 64 + 4 x 32 KB (227 KB is a block's limit on sm_90); fp8 d128: 16 + 6 x 16 KB.
+// boundary): Q (block_m rows), then k_stages K tiles, v_stages V tiles, for fp8
+// vt_stages V^T tiles (V transposed by the producer: fp8 wgmma reads B K-major only, and
+// P V's K is the keys), then the barriers. kAlign of slack aligns the start. d128: 32 +
+// 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's limit on sm_90); fp8 d128: 16 +
+// 11 x 16 KB.
 constexpr int kAlign = 1024;
 constexpr int kRowBytes = 128;  // one column block of a row
 XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d, int wgs, int eb = 2) {
@@ -108,8 +109,8 @@ static_assert(smem_bytes(256, 2) <= 227 * 1024 && smem_bytes(128, 2, 1) <= 227 *
 constexpr int kTargetBlocks = 132;
 
 // What the kernel receives: the op's params and the tensor maps of Q, K and V, each a
-// 3-d view [rows][heads][head_dim] (innermost last) read in boxes of 64 columns x 1
-// head x block_m (Q) or block_n (K, V) rows.
+// 3-d view [rows][heads][head_dim] (innermost last) read in boxes of 128 bytes of columns
+// x 1 head x block_m (Q) or block_n (K, V) rows.
 struct Args {
   xla_attn_flash_fwd_params p;
   sm90::TensorMap q_map, k_map, v_map;

@@ -35,17 +35,7 @@ namespace decode_sm80 {
 
 // The mma operand type: the query's 16-bit type over a cache of it, f16 over fp8.
 template <typename T, typename KV>
-struct Compute {
-  using type = T;
-};
-template <typename T>
-struct Compute<T, __nv_fp8_e4m3> {
-  using type = __half;
-};
-template <typename T>
-struct Compute<T, __nv_fp8_e5m2> {
-  using type = __half;
-};
+using Compute = Select<sizeof(KV) == 1, __half, T>;
 
 // Two 16-bit query elements (one b32 of a row) as an A-fragment register of Tc.
 template <typename Tc, typename T>
@@ -228,7 +218,7 @@ __device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
   using namespace sm80;
   using decode_sm80::kTileKeys;
   using decode_sm80::kWarps;
-  using Tc = typename decode_sm80::Compute<T, KV>::type;  // mma operand type
+  using Tc = decode_sm80::Compute<T, KV>;  // mma operand type
   constexpr bool kFp8 = sizeof(KV) == 1;
   constexpr int kTileW = D * int(sizeof(KV)) / 2;       // tile row width in 16-bit units
   constexpr int kDT = D / 8;                             // n8 tiles of O
