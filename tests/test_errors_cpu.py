@@ -219,6 +219,25 @@ def test_hopper_forward_is_for_sm90_alone(monkeypatch):
                                   arch=90) == "xla_attn_flash_fwd_sm80_bf16_d128"
 
 
+def test_sm80_fp8_forward_is_for_sm89_and_up(monkeypatch):
+    """The sm80 family's fp8 forward (op flash_fwd_mma_fp8, mma.sync e4m3) runs from sm_89
+    on (its cubins come from compute_89 PTX), in three head-dim buckets."""
+    monkeypatch.delenv("XLA_ATTN_FORCE_FAMILY", raising=False)
+
+    def pick(arch, head_dim):
+        return _native.select_variant("flash_fwd_mma_fp8", "float8_e4m3fn", "float8_e4m3fn",
+                                      head_dim, arch=arch)
+
+    assert pick(89, 16) == "xla_attn_flash_fwd_sm89_f8e4m3_d64"
+    assert pick(89, 80) == "xla_attn_flash_fwd_sm89_f8e4m3_d128"
+    assert pick(90, 256) == "xla_attn_flash_fwd_sm89_f8e4m3_d256"
+    for arch in (80, 86):
+        with pytest.raises(RuntimeError):
+            pick(arch, 128)
+    with pytest.raises(RuntimeError):
+        _native.select_variant("flash_fwd_mma_fp8", "bfloat16", "bfloat16", 128, arch=90)
+
+
 def test_wrong_input_type_names_the_frontend():
     with pytest.raises(TypeError) as info:
         xla_attn.flash_attn_varlen([[1.0]], None, None, None, None)

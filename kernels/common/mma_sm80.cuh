@@ -99,6 +99,45 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
+// d += A B for one m16n8k32 step of e4m3 operands (sm_89+), f32 accumulators. The
+// fragments hold 4 bytes where the 16-bit ones hold 2 elements (PTX ISA, "Matrix
+// Fragments for mma.m16n8k32"): a[0] = A[g][4t .. 4t+3], a[1] = A[g+8][...], a[2] / a[3]
+// the same at k + 16; b[0] = B[4t .. 4t+3][g], b[1] at k + 16. So a 16-bit ldmatrix over
+// rows of e4m3 pairs returns them as it returns the 16-bit fragments.
+__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One k-step of 32 bytes a row: m16n8k16 for 16-bit T, m16n8k32 for e4m3.
+template <typename T>
+__device__ __forceinline__ void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (kSameType<T, __nv_fp8_e4m3>) {
+    mma_e4m3_16832(d, a, b0, b1);
+  } else {
+    mma_16816<T>(d, a, b0, b1);
+  }
+}
+
+// Four floats as e4m3 bytes 0..3 of a b32 (round to nearest, saturating at +-448; sm_89+):
+// cvt puts its first source in the upper byte of each pair.
+__device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
+  uint32_t lo, hi;
+  asm("{ .reg .b16 l, h;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 l, %3, %2;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 h, %5, %4;\n"
+      "cvt.u32.u16 %0, l;\n"
+      "cvt.u32.u16 %1, h; }\n"
+      : "=r"(lo), "=r"(hi)
+      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  return lo | (hi << 16);
+}
+
 // Two floats rounded to T and packed as one b32 register, `lo` in the low half (the
 // lower column of a fragment pair, and the lower address in memory).
 template <typename T>

@@ -255,20 +255,6 @@ __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t 
   }
 }
 
-// Four floats as e4m3 bytes 0..3 of a b32 (round to nearest, saturating at +-448): cvt
-// puts its first source in the upper byte of each pair.
-__device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
-  uint32_t lo, hi;
-  asm("{ .reg .b16 l, h;\n"
-      "cvt.rn.satfinite.e4m3x2.f32 l, %3, %2;\n"
-      "cvt.rn.satfinite.e4m3x2.f32 h, %5, %4;\n"
-      "cvt.u32.u16 %0, l;\n"
-      "cvt.u32.u16 %1, h; }\n"
-      : "=r"(lo), "=r"(hi)
-      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
-  return lo | (hi << 16);
-}
-
 #undef XLA_ATTN_WGMMA_SS
 #undef XLA_ATTN_WGMMA_RS
 #undef XLA_ATTN_WGMMA_SS_E4M3

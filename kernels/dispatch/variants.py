@@ -106,6 +106,9 @@ MODULES = (
     Module("flash_fwd_portable", "flash/fwd_portable.cuh", min_arch=70,
            ptx_archs=("70", "80", "89")),
     Module("flash_fwd_sm80", "flash/fwd_sm80.cuh", min_arch=80, ptx_archs=("80",)),
+    # Its fp8 kernels: mma.sync with e4m3 operands and cvt to e4m3 are sm_89+ PTX, so
+    # one cubin for sm_89 and one for sm_90, both from compute_89.
+    Module("flash_fwd_sm89", "flash/fwd_sm80.cuh", min_arch=89, ptx_archs=("89",)),
     # "90": the atomic-dQ path adds 4 floats per lane with red.global.add.v4.f32 there.
     Module("flash_bwd_sm80", "flash/bwd_sm80.cuh", min_arch=80, ptx_archs=("80", "90")),
     Module("flash_bwd_portable", "flash/bwd_portable.cuh", min_arch=70, ptx_archs=("70", "80")),
@@ -195,6 +198,24 @@ def _flash_fwd_sm80_variants():
             priority=10, threads=128)
 
 
+# fp8 buckets of the sm80 family (sm80_tiles.h, head_bucket(d, 1)): rows of 64 bytes or more.
+SM80_FP8_HEAD_BUCKETS = ((16, 64), (65, 128), (129, 256))
+
+
+def _flash_fwd_sm89_variants():
+    # fp8 e4m3 q, k, v (descales, bf16 out) on mma.sync m16n8k32 (sm_89+), every feature
+    # of the 16-bit kernel, head dims a multiple of 16 (the launcher's fp8_mma_takes; the
+    # rest run portable): 3 buckets. Its own op, so that the launcher asks for it only
+    # where it takes the call.
+    for lo, hi in SM80_FP8_HEAD_BUCKETS:
+        yield Variant(
+            op="flash_fwd_mma_fp8", family="sm80", module="flash_fwd_sm89",
+            kernel=f"xla_attn_flash_fwd_sm89_f8e4m3_d{hi}",
+            template=f"xla_attn::flash_fwd_sm80<__nv_fp8_e4m3, {hi}>",
+            params="xla_attn_flash_fwd_params", dtype0="f8e4m3", dtype1="f8e4m3",
+            head_dim_min=lo, head_dim_max=hi, features=ALL_FEATURES, priority=10, threads=128)
+
+
 # Head-dim buckets of the sm90 family (kernels/flash/sm90_tiles.h): whole 64-column
 # blocks; head dims up to 32 stay with the sm80 family.
 SM90_HEAD_BUCKETS = ((33, 64), (65, 128), (129, 256))
@@ -203,10 +224,10 @@ SM90_HEAD_BUCKETS = ((33, 64), (65, 128), (129, 256))
 def _flash_fwd_sm90_variants():
     # The Hopper forward (kernels/flash/fwd_sm90.cuh), f16 and bf16: 2 x 3, + 2 at d64
     # (three consumers). Its own op, flash_fwd_tma, because it takes its own args (the
-    # tensor maps) and only part of flash_fwd's calls (not paged, not split, head_dim % 8
-    # == 0, aligned tensors): the launcher tries it first where those hold and the device
-    # is sm_90, and otherwise selects flash_fwd as before.
-    features = ALL_FEATURES & ~FEATURES["fp8"] & ~FEATURES["paged"]
+    # tensor maps) and only part of flash_fwd's calls (not split, head_dim % 8 == 0,
+    # aligned tensors, paged only with 8-row page boxes): the launcher tries it first
+    # where those hold and the device is sm_90, and otherwise selects flash_fwd as before.
+    features = ALL_FEATURES & ~FEATURES["fp8"]
     for dt, (lo, hi) in itertools.product(("f16", "bf16"), SM90_HEAD_BUCKETS):
         # two consumer warpgroups (op flash_fwd_tma), and at d64 also three (op
         # flash_fwd_tma_m192: 192-row blocks), the launcher choosing by the mask and the
@@ -225,7 +246,8 @@ def _flash_fwd_sm90_variants():
         kernel="xla_attn_flash_fwd_sm90_f8e4m3_d128",
         template="xla_attn::flash_fwd_sm90<__nv_fp8_e4m3, 128, 2>",
         params="xla_attn::flash_sm90::Args", dtype0="f8e4m3", dtype1="f8e4m3", head_dim_min=16,
-        head_dim_max=128, features=features | FEATURES["fp8"], priority=20, threads=384)
+        head_dim_max=128, features=(features & ~FEATURES["paged"]) | FEATURES["fp8"],
+        priority=20, threads=384)
 
 
 def _flash_bwd_sm90_variants():
@@ -367,7 +389,8 @@ def _paged_decode_mma_variants():
 
 
 VARIANTS = (tuple(_reshape_and_cache_flash_variants()) + tuple(_flash_fwd_variants())
-            + tuple(_flash_fwd_sm80_variants()) + tuple(_flash_fwd_sm90_variants())
+            + tuple(_flash_fwd_sm80_variants()) + tuple(_flash_fwd_sm89_variants())
+            + tuple(_flash_fwd_sm90_variants())
             + tuple(_flash_bwd_sm80_variants()) + tuple(_flash_bwd_sm90_variants())
             + tuple(_flash_bwd_variants()) + tuple(_paged_decode_variants())
             + tuple(_paged_decode_mma_variants()))

@@ -17,8 +17,17 @@
 //
 // The contract is the sm80 kernel's for what this family takes (the launcher sends the
 // rest there): varlen, seqused_k, GQA, causal / sliding window, softcap, ALiBi, lse
-// (+inf for rows that see no key), batch_used, decode_max_q; not paged K/V, not split-KV,
-// and head_dim % 8 == 0 with 16-byte aligned tensors (the copy engine's strides).
+// (+inf for rows that see no key), batch_used, decode_max_q, paged K/V (16-bit, block
+// sizes whose gcd with block_n is a multiple of 8); not split-KV, and head_dim % 8 == 0
+// with 16-byte aligned tensors (the copy engine's strides).
+//
+// Paged K/V: a tile's rows come in boxes of kv_box_rows keys (sm90_tiles.h, Args), each
+// box from the row its page starts at. The block table is untrusted: a box whose page
+// index is outside [0, num_blocks) is copied from past the cache's last row, which the
+// copy engine reads as zeros without touching memory, and its keys are masked: each
+// consumer warp looks its tile's boxes up itself (a lane a box) and, where one has no
+// page, writes valid bytes for sm80::TileSoftmax in its own slice of shared memory
+// (published by __syncwarp alone: the producer's copies cannot tell the consumers).
 //
 // fp8 (e4m3 q, k, v with q/k/v_descale; bf16 out; head dims up to 128 in one 128-byte
 // column block): S = Q K^T on m64n128k32 e4m3 products; P is rounded to e4m3 in
@@ -107,7 +116,11 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   FwdBlock blk;
   if (!blk.locate<Out>(p, kBlockM, kBlockN)) return;
   const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd, hk = blk.hk;
-  const int n_lo = blk.n_lo, n_hi = blk.n_hi;
+  // (16-bit, two consumers: the launcher sends paged calls to no other instance)
+  const bool paged = !kFp8 && kWgs == 2 && blk.paged;
+  // paged: tiles start on a box (page) boundary, so that no box straddles two pages; the
+  // keys added in front are outside every row's window and masked as such
+  const int n_lo = paged ? blk.n_lo - blk.n_lo % a.kv_box_rows : blk.n_lo, n_hi = blk.n_hi;
   const Sequence& s = blk.s;
   const Window& win = blk.win;
   const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
@@ -121,6 +134,9 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   const uint32_t sV = sK + kKRing * kKVBytes;
   const uint32_t sVt = sV + kVRing * kKVBytes;
   const uint32_t bars = sVt + kVtRing * kVtBytes;
+  // paged: each consumer warp's valid bytes (sm90_tiles.h, valid_bytes), generic
+  unsigned char* const warp_valid =
+      smem + (bars + uint32_t(barrier_bytes(kEB)) - sm80::smem_addr(smem));
   // q_full, then per stage: full_k, full_v (the producer's copies landed), empty_k,
   // empty_v (both consumer warpgroups are done reading). K and V are released apart: K_j
   // once S_j is computed, a whole softmax and P V earlier than V_j, so that the producer
@@ -171,6 +187,10 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     }
   };
 
+  // paged: the cache rows of a sequence's keys (sequence.cuh), pages checked against
+  // the cache's blocks
+  const KeyRows keys{p.block_table, p.max_blocks_per_seq, paged ? p.block_size : 1,
+                     paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};
   if (threadIdx.x < 128) {
     // The producer. Coordinates are (column, head, row), innermost first; boxes past
     // the tensor's rows or head_dim read as zeros.
@@ -184,11 +204,24 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
         sm90::mbar_wait(bar(release, st), uint32_t(j / ring - 1) & 1u);
       }
+      const int n0 = n_lo + j * kBlockN;
+      if (!paged) {
+        sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
+        for (int c = 0; c < kColBlocks; ++c) {
+          sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
+                            128 / kEB * c, hk, int(s.k_start + n0));
+        }
+        return;
+      }
+      // Paged: each box from its cache row (none: no page, or past the range).
       sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
-      const int row = int(s.k_start + n_lo + j * kBlockN);
-      for (int c = 0; c < kColBlocks; ++c) {
-        sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
-                          128 / kEB * c, hk, row);
+      for (int r = 0; r < kBlockN; r += a.kv_box_rows) {
+        const int64_t row = n0 + r < n_hi ? keys.row(b, 0, n0 + r) : int64_t(-1);
+        const int at = row >= 0 ? int(row) : int(p.total_k);  // past the rows: zeros
+        for (int c = 0; c < kColBlocks; ++c) {
+          sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes + r * kRowBytes, map,
+                            bar(kind, st), 128 / kEB * c, hk, at);
+        }
       }
     };
     if (threadIdx.x == 0 && tiles > 0) {
@@ -318,12 +351,31 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // handed back (corr, rescale) for after the P V product in flight.
     float corr[1][2];
     bool rescale = false;
-    auto softmax = [&](int j) {
+    // paged: whether lane i's box of tile j (keys i * kv_box_rows ..) has a page, looked
+    // up as the tile starts (the table read in flight behind S's product); boxes past
+    // the tile or the key range count as present (the range masks them).
+    auto box_present = [&](int j) {
+      const int r = lane * a.kv_box_rows, key = n_lo + j * kBlockN + r;
+      return !paged || r >= kBlockN || key >= n_hi || keys.row(b, 0, key) >= 0;
+    };
+    // Where some box has none, the warp writes its keys' valid bytes (TileSoftmax's
+    // valid[]; box_rows >= 8, so 4 adjacent keys share a box) in its own slice.
+    unsigned char* const my_valid = warp_valid + (ct / 32) * kBlockN;
+    auto softmax = [&](int j, bool present) {
       const int n0 = n_lo + j * kBlockN;
-      const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi);
+      const uint32_t boxes = paged ? __ballot_sync(0xffffffffu, present) : 0xffffffffu;
+      const bool absent = boxes != 0xffffffffu;
+      if (absent) {
+        for (int x = 4 * lane; x < kBlockN; x += 128) {
+          *reinterpret_cast<uint32_t*>(my_valid + x) =
+              (boxes >> (x / a.kv_box_rows)) & 1u ? 0x01010101u : 0u;
+        }
+        __syncwarp();
+      }
+      const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi) | absent;
       const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
                                   win, mul, cap, exp_mul, slope / exp_mul, prescale,
-                                  prescale || slope != 0.f, false, nullptr};
+                                  prescale || slope != 0.f, absent, my_valid};
       rescale = false;
       auto defer = [&](const float (&c)[1][2]) {
         corr[0][0] = c[0][0];
@@ -355,7 +407,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
             const float(&lo)[4] = sc[0][4 * kk + 2 * (r / 2)];
             const float(&hi)[4] = sc[0][4 * kk + 2 * (r / 2) + 1];
             const int e = 2 * (r % 2);  // row g (elements 0, 1) or g + 8 (2, 3)
-            pa[kk][r] = sm90::pack4_e4m3(lo[e], lo[e + 1], hi[e], hi[e + 1]);
+            pa[kk][r] = sm80::pack4_e4m3(lo[e], lo[e + 1], hi[e], hi[e + 1]);
           }
         } else {
           sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
@@ -383,6 +435,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     };
     if (tiles > 0) {
       if (wg == 1) their_turn();
+      const bool present = box_present(0);
       sm90::mbar_wait(q_full, 0u);
       my_turn();
       issue_s(0);
@@ -390,10 +443,11 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(s_flat);
       release(kEmptyK, 0);
-      softmax(0);  // O is still zero: nothing to rescale
+      softmax(0, present);  // O is still zero: nothing to rescale
       to_p();
     }
     for (int j = 1; j < tiles; ++j) {
+      const bool present = box_present(j);
       zero_v_tail(j - 1);
       my_turn();
       issue_s(j);
@@ -402,7 +456,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
       sm90::wgmma_hold(s_flat);
       release(kEmptyK, j % kKRing);
-      softmax(j);
+      softmax(j, present);
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(o_flat);
       release(kEmptyV, (j - 1) % kPvRing);

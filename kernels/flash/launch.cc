@@ -45,9 +45,10 @@ FwdTiles portable_tiles(int head_dim) {
           portable::kMaxSplits};
 }
 
-FwdTiles sm80_tiles(int head_dim) {
-  const int d = sm80::head_bucket(head_dim);
-  return {sm80::block_m(d), size_t(sm80::smem_bytes(d)), sm80::kTargetBlocks,
+// `eb`: element bytes, 1 for the fp8 kernels (their own buckets and shared memory).
+FwdTiles sm80_tiles(int head_dim, int eb = 2) {
+  const int d = sm80::head_bucket(head_dim, eb);
+  return {sm80::block_m(d), size_t(sm80::smem_bytes(d, eb)), sm80::kTargetBlocks,
           sm80::kMinKeysPerSplit, sm80::kMaxSplits};
 }
 
@@ -88,6 +89,15 @@ FwdTiles sm90_tiles(int d, int wgs, int eb) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// Whether the sm80 family's fp8 kernels (op flash_fwd_mma_fp8, sm_89+) can take the call:
+// e4m3 q, k and v, rows of whole 16-byte chunks (head_dim % 16 == 0) in 16-byte aligned
+// tensors, a 4-byte aligned bf16 out. Elsewhere fp8 runs on the portable family.
+bool fp8_mma_takes(const xla_attn_flash_fwd_params& p) {
+  return p.q_dtype == XLA_ATTN_F8E4M3 && p.kv_dtype == XLA_ATTN_F8E4M3 && p.head_dim % 16 == 0 &&
+         p.head_dim <= 256 && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) &&
+         reinterpret_cast<uintptr_t>(p.out) % 4 == 0;
+}
+
 // A [rows][heads][head_dim] tensor of `eb`-byte elements (2, or 1 for fp8) as the sm90
 // family reads it: boxes of 128 bytes of columns x 1 head x `box_rows` rows, 128-byte
 // swizzled.
@@ -100,7 +110,8 @@ std::string encode_rows(sm90::TensorMap* map, const void* base, int64_t rows, in
 }
 
 // The sm90 family (flash/fwd_sm90.cuh) where it takes the call: sm_90, 16-bit q/k/v
-// (or fp8 e4m3 with head_dim 16..128), not paged, no split wanted (asked for, or planned
+// (or fp8 e4m3 with head_dim 16..128), paged only at 16 bits with block sizes that
+// give whole 8-row boxes (flash_sm90::Args), no split wanted (asked for, or planned
 // because the grid would not fill the GPU), rows the copy engine can stride (16-byte
 // rows and 16-byte aligned tensors). Returns false (and launches nothing) where it does
 // not; `error` is set only when it took the call and the launch failed.
@@ -109,7 +120,16 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   const bool fp8 = params.q_dtype == XLA_ATTN_F8E4M3;
   const int eb = fp8 ? 1 : 2;
   const int d = fp8 ? flash_sm90::kFp8HeadDim : flash_sm90::head_bucket(params.head_dim);
-  if (query.arch != 90 || params.block_table || params.num_splits > 1 ||
+  // Paged (16-bit): boxes of gcd(block_size, block_n) rows, a multiple of 8 (Args), and
+  // box coordinates (int32) that reach one past the cache's rows.
+  const bool paged = params.block_table != nullptr;
+  const int box = paged ? flash_sm90::paged_box_rows(std::max(params.block_size, 1), d)
+                        : flash_sm90::block_n(d);
+  if (paged && (fp8 || params.block_size <= 0 || box % 8 != 0 || params.num_blocks <= 0 ||
+                params.total_k >= (int64_t(1) << 31) - flash_sm90::block_n(d))) {
+    return false;
+  }
+  if (query.arch != 90 || params.num_splits > 1 ||
       params.head_dim * eb % 16 != 0 || params.total_k <= 0 ||
       params.q_dtype != params.kv_dtype ||
       (params.q_dtype != XLA_ATTN_F16 && params.q_dtype != XLA_ATTN_BF16 && !fp8) ||
@@ -124,7 +144,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   std::string unused;
   const dispatch::VariantEntry* v = nullptr;
   int wgs = flash_sm90::kConsumerWarpgroups;
-  if (!fp8 && d == 64 &&
+  if (!fp8 && !paged && d == 64 &&
       flash_sm90::wide_d64(params.window_right, params.max_seqlen_q)) {
     q.op = "flash_fwd_tma_m192";
     if ((v = dispatch::select(q, &unused))) wgs = 3;
@@ -139,13 +159,13 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   flash_sm90::Args args;
   args.p = params;
   args.p.num_splits = 1;
-  const int block_n = flash_sm90::block_n(d);
+  args.kv_box_rows = box;
   if (!encode_rows(&args.q_map, params.q, params.total_q, params.num_heads, params.head_dim,
                    tiles.block_m, eb).empty() ||
       !encode_rows(&args.k_map, params.k, params.total_k, params.num_heads_k, params.head_dim,
-                   block_n, eb).empty() ||
+                   box, eb).empty() ||
       !encode_rows(&args.v_map, params.v, params.total_k, params.num_heads_k, params.head_dim,
-                   block_n, eb).empty()) {
+                   box, eb).empty()) {
     return false;
   }
   const dim3 grid(unsigned(pl.row_blocks), params.num_heads, params.batch + 1);
@@ -192,8 +212,9 @@ bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features,
 // dtypes), possibly on a host without a GPU, before any variant is selected: the most
 // that either family's plan would use.
 size_t workspace_size(const xla_attn_flash_fwd_params& p) {
-  return std::max(plan(p, portable_tiles(p.head_dim)).workspace,
-                  plan(p, sm80_tiles(p.head_dim)).workspace);
+  return std::max({plan(p, portable_tiles(p.head_dim)).workspace,
+                   plan(p, sm80_tiles(p.head_dim)).workspace,
+                   plan(p, sm80_tiles(p.head_dim, 1)).workspace});
 }
 
 std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t stream) {
@@ -204,15 +225,22 @@ std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t st
   dispatch::Query q = fwd_query(p);
   if ((q.arch = dispatch::current_arch(&error)) < 0) return error;
   if (launch_sm90(p, q, stream, &error)) return error;
-  const dispatch::VariantEntry* v = dispatch::select(q, &error);
-  if (!v) return error;
+  const dispatch::VariantEntry* v = nullptr;
+  if (fp8_mma_takes(p)) {
+    dispatch::Query fp8 = q;
+    fp8.op = "flash_fwd_mma_fp8";
+    std::string unused;  // none (below sm_89, or forced off): the generic query decides
+    v = dispatch::select(fp8, &unused);
+  }
+  const int eb = v ? 1 : 2;
+  if (!v && !(v = dispatch::select(q, &error))) return error;
   const bool sm80 = std::strcmp(v->family, "sm80") == 0;
-  if (sm80 && v->head_dim_max != sm80::head_bucket(p.head_dim)) {
+  if (sm80 && v->head_dim_max != sm80::head_bucket(p.head_dim, eb)) {
     return std::string("flash_fwd: ") + v->kernel + " does not match sm80::head_bucket(" +
            std::to_string(p.head_dim) + "); kernels/dispatch/variants.py and "
            "kernels/flash/sm80_tiles.h disagree";
   }
-  const FwdTiles tiles = sm80 ? sm80_tiles(p.head_dim) : portable_tiles(p.head_dim);
+  const FwdTiles tiles = sm80 ? sm80_tiles(p.head_dim, eb) : portable_tiles(p.head_dim);
   const FwdPlan pl = plan(p, tiles);
   p.num_splits = pl.splits;
   if (pl.splits > 1 && (!p.workspace || size_t(p.workspace_bytes) < pl.workspace)) {
@@ -224,7 +252,9 @@ std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t st
   if (!error.empty() || pl.splits == 1) return error;
   // 16 rows per combine block (its 4 warps x 4 rows).
   const dim3 combine_grid((std::max(p.max_seqlen_q, 1) + 15) / 16, p.num_heads, p.batch);
-  const dispatch::Query c{"flash_combine", p.out_dtype, p.out_dtype, p.head_dim, q.features, q.arch};
+  // The merge reads f32 partials whatever the inputs were: fp8 is not its feature.
+  const dispatch::Query c{"flash_combine", p.out_dtype, p.out_dtype, p.head_dim,
+                          q.features & ~unsigned(kFeatureFp8), q.arch};
   return dispatch::launch(c, combine_grid, 0, stream, &p);
 }
 

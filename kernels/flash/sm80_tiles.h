@@ -11,13 +11,21 @@ namespace xla_attn::sm80 {
 // buckets, and the launcher refuses to run if the two disagree. 96 is a bucket of its
 // own because head_dim 96 (or 80) padded to 128 would waste 25% (38%) of the mma
 // work; every bucket is a multiple of 16 (one mma k-step).
-XLA_ATTN_HOST_DEVICE constexpr int head_bucket(int head_dim) {
-  return head_dim <= 32    ? 32
+//
+// fp8 (e4m3 q, k, v; sm_89+, flash_fwd_sm80<__nv_fp8_e4m3, D>): the same tiles over rows
+// of D bytes, which the copies, the swizzle and ldmatrix move as D / 2 16-bit units (an
+// e4m3 pair is one unit; row_units). The swizzle needs a multiple of 64 bytes a row, so
+// its buckets are 64, 128 and 256 (eb = 1); head dims that are not a multiple of 16
+// (16-byte rows) stay with the portable family (the launcher's fp8_mma_takes).
+XLA_ATTN_HOST_DEVICE constexpr int head_bucket(int head_dim, int eb = 2) {
+  return eb == 1 ? (head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256)
+         : head_dim <= 32  ? 32
          : head_dim <= 64  ? 64
          : head_dim <= 96  ? 96
          : head_dim <= 128 ? 128
                            : 256;
 }
+XLA_ATTN_HOST_DEVICE constexpr int row_units(int d, int eb) { return d * eb / 2; }
 
 constexpr int kWarps = 4;  // 128 threads: each warp owns 16 query rows per m-tile
 constexpr int kThreads = kWarps * 32;
@@ -43,20 +51,26 @@ XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 64 : 32; }
 // 12-14 % slower: S=16384 302 -> 261; two accumulators per S tile there lost 3-7 %). ptxas
 // for sm_80 / sm_86 then spills 20-24 bytes at d64 (about 3 local loads a tile, none
 // between the mma; sm_90: none), not measured on those GPUs.
-XLA_ATTN_HOST_DEVICE constexpr bool q_in_regs(int d) {
-  return m_tiles(d) * (d / 2 + block_n(d) / 2 + d / 4) <= 160;
+// fp8 holds Q in half the registers (d / 8 a m-tile): d64 does, d128 (224) does not.
+XLA_ATTN_HOST_DEVICE constexpr bool q_in_regs(int d, int eb = 2) {
+  return m_tiles(d) * (d / 2 + block_n(d) / 2 + d * eb / 8) <= 160;
 }
 
 // K/V tiles in flight: tile j + 1 is copied (cp.async) while tile j is computed.
 constexpr int kStages = 2;
 
-// Dynamic shared memory: Q (block_m x D) + kStages x (K + V) (block_n x D), 16-bit
-// elements, then one validity byte per key and stage. D = 128: 16 + 64 KB; D = 256:
-// 32 + 64 KB. More than 48 KB needs the opt-in (dispatch::launch does it).
-XLA_ATTN_HOST_DEVICE constexpr int smem_q_elems(int d) { return block_m(d) * d; }
-XLA_ATTN_HOST_DEVICE constexpr int smem_kv_elems(int d) { return block_n(d) * d; }
-XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d) {
-  return 2 * (smem_q_elems(d) + 2 * kStages * smem_kv_elems(d)) + kStages * block_n(d);
+// Dynamic shared memory: Q (block_m x D) + kStages x (K + V) (block_n x D), in 16-bit
+// units (eb: element bytes), then one validity byte per key and stage. D = 128: 16 + 64
+// KB; D = 256: 32 + 64 KB (fp8: half). More than 48 KB needs the opt-in (dispatch::launch
+// does it).
+XLA_ATTN_HOST_DEVICE constexpr int smem_q_elems(int d, int eb = 2) {
+  return block_m(d) * row_units(d, eb);
+}
+XLA_ATTN_HOST_DEVICE constexpr int smem_kv_elems(int d, int eb = 2) {
+  return block_n(d) * row_units(d, eb);
+}
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int eb = 2) {
+  return 2 * (smem_q_elems(d, eb) + 2 * kStages * smem_kv_elems(d, eb)) + kStages * block_n(d);
 }
 
 // sm_86 and sm_89 let one block opt in to 99 KB (sm_80: 163 KB, sm_90: 227 KB); the

@@ -97,9 +97,12 @@ XLA_ATTN_HOST_DEVICE constexpr int vt_bytes(int d, int eb) { return eb == 1 ? kv
 XLA_ATTN_HOST_DEVICE constexpr int barrier_bytes(int eb) {
   return 8 * (1 + (eb == 1 ? 6 : 4) * kMaxStages);
 }
+// Paged K/V (16-bit kernels): each consumer warp's valid bytes of its current tile, one
+// a key (1: its page exists), up to 3 consumer warpgroups.
+XLA_ATTN_HOST_DEVICE constexpr int valid_bytes(int d) { return 3 * 4 * block_n(d); }
 XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb = 2) {
   return kAlign + q_bytes(d, wgs, eb) + (k_stages(eb) + v_stages(eb)) * kv_bytes(d, eb) +
-         vt_stages(eb) * vt_bytes(d, eb) + barrier_bytes(eb);
+         vt_stages(eb) * vt_bytes(d, eb) + barrier_bytes(eb) + valid_bytes(d);
 }
 static_assert(smem_bytes(256, 2) <= 227 * 1024 && smem_bytes(128, 2, 1) <= 227 * 1024,
               "the d256 (fp8: d128) tiles exceed sm_90's 227 KB a block");
@@ -110,11 +113,25 @@ constexpr int kTargetBlocks = 132;
 
 // What the kernel receives: the op's params and the tensor maps of Q, K and V, each a
 // 3-d view [rows][heads][head_dim] (innermost last) read in boxes of 128 bytes of columns
-// x 1 head x block_m (Q) or block_n (K, V) rows.
+// x 1 head x block_m (Q) or kv_box_rows (K, V) rows. kv_box_rows is block_n, or for a
+// paged cache gcd(block_size, block_n): a box then never leaves its page, and a tile
+// takes block_n / kv_box_rows boxes a column block, each from the page the block table
+// names. The launcher takes paged calls only where that is a multiple of 8 rows, so
+// that each box starts on the 128-byte swizzle's 1 KB period.
 struct Args {
   xla_attn_flash_fwd_params p;
   sm90::TensorMap q_map, k_map, v_map;
+  int kv_box_rows;
 };
+XLA_ATTN_HOST_DEVICE constexpr int paged_box_rows(int block_size, int d) {
+  int a = block_size, b = block_n(d);
+  while (b != 0) {
+    const int r = a % b;
+    a = b;
+    b = r;
+  }
+  return a;
+}
 
 // Backward (flash/bwd_sm90.cuh): the dk/dv kernel of the atomic-dQ path at the d128
 // bucket (65-128). One block = a producer warpgroup and two consumer warpgroups of 64

@@ -54,14 +54,20 @@ def paged_family(request, monkeypatch):
 
 
 def _skip_outside(family, dtype="bfloat16"):
-    """The sm80 family (tensor cores) has f16 and bf16 kernels only: float32 and fp8 run
-    on the portable family, which the "portable" param tests."""
+    """The sm80 family (tensor cores) has f16 and bf16 kernels only (and the fp8 forward
+    on sm_89+, tested on its own): float32 and fp8 run on the portable family, which the
+    "portable" param tests."""
     if "sm80" in family.split(",") and dtype not in ("float16", "bfloat16"):
         pytest.skip("sm80 family: f16/bf16 only (f32 and fp8 are portable's)")
 
 
 def _is_sm90(device):
     return getattr(device, "compute_capability", "") == "9.0"
+
+
+def _has_fp8_mma(device):
+    """sm_89+: mma.sync takes e4m3 operands (the sm80 family's fp8 forward)."""
+    return float(getattr(device, "compute_capability", "0")) >= 8.9
 
 
 def _on(device, *arrays):
@@ -201,12 +207,88 @@ def test_flash_forward_paged(family, gpu_device, rng, mk, dtype, block_size):
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
 
 
+def _paged_sm90_inputs(rng, mk, dtype, block_size, head_dim, lens_q, lens_k, seqused):
+    """q (+2 padding rows of NaN), a paged cache whose spare blocks and slots past
+    seqused_k hold NaN (the boxes read whole pages: only masks and zeroing hide them),
+    the table, cu_seqlens."""
+    q = mk.random_array(rng, (sum(lens_q) + 2, 8, head_dim), dtype)
+    q[sum(lens_q):] = np.nan
+    k, v, table = mk.paged_kv(rng, dtype, lens_k, block_size, heads_k=2, head_dim=head_dim)
+    used_blocks = set()
+    for b, n in enumerate(lens_k):
+        pages = -(-n // block_size)
+        used_blocks.update(int(x) for x in table[b, :pages])
+        for key in range(int(seqused[b]), pages * block_size):
+            blk, slot = table[b, key // block_size], key % block_size
+            k[blk, slot], v[blk, slot] = np.nan, np.nan
+    for blk in set(range(k.shape[0])) - used_blocks:
+        k[blk], v[blk] = np.nan, np.nan
+    return q, k, v, table, mk.cu_seqlens(lens_q), mk.cu_seqlens(lens_k)
+
+
+@pytest.mark.parametrize("feature", ["causal", "window_softcap_alibi"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("block_size", [8, 16, 48, 256])
+def test_flash_forward_paged_sm90(gpu_device, rng, mk, monkeypatch, block_size, head_dim,
+                                  feature):
+    """The Hopper forward over a block table alone (XLA_ATTN_FORCE_FAMILY=sm90): boxes of
+    gcd(block_size, block_n) rows from shuffled pages (8: 16 boxes a 128-key tile; 48:
+    16-row boxes; 256: whole 128-key tiles), several tiles a sequence, GQA 4, NaN in
+    unrelated blocks, past seqused_k and in q's padding rows."""
+    if not _is_sm90(gpu_device):
+        pytest.skip("the sm90 family runs on sm_90 only")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
+    lens_q, lens_k = [5, 1, 200, 0], [300, 16, 333, 20]
+    seqused = np.array([290, 16, 333, 20], np.int32)
+    q, k, v, table, cu_q, cu_k = _paged_sm90_inputs(rng, mk, "bfloat16", block_size, head_dim,
+                                                    lens_q, lens_k, seqused)
+    kw = dict(causal=True)
+    if feature == "window_softcap_alibi":
+        kw = dict(window_size=(150, 3), softcap=4.0, alibi_slopes=mk.alibi(rng, 8))
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
+                                                 block_table=table, **kw)
+    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
+              for key, val in kw.items()}
+    args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused, table)
+    out, lse = jax.jit(lambda q, k, v, cq, ck, su, bt: xj.flash_attn_varlen(
+        q, k, v, cq, ck, max(lens_q), max(lens_k), seqused_k=su, block_table=bt,
+        return_softmax_lse=True, **kw_dev))(*args)
+    assert np.isfinite(np.asarray(out, np.float32)[:int(cu_q[-1])]).all()
+    ref.assert_attention_close(out, exp_out, "bfloat16", lse, exp_lse, valid_rows=int(cu_q[-1]))
+
+
+def test_flash_forward_paged_sm90_absent_pages(gpu_device, rng, mk, monkeypatch):
+    """Block-table entries inside the sequences that name no block (-1, num_blocks, 2^30):
+    the Hopper forward masks those keys (their boxes read as zeros past the cache) as the
+    sm80 kernel does, so both families give the same result, finite, with no fault."""
+    if not _is_sm90(gpu_device):
+        pytest.skip("the sm90 family runs on sm_90 only")
+    lens_q, lens_k = [40, 7], [300, 200]
+    seqused = np.array(lens_k, np.int32)
+    q, k, v, table, cu_q, cu_k = _paged_sm90_inputs(rng, mk, "bfloat16", 16, 128, lens_q,
+                                                    lens_k, seqused)
+    table = table.copy()
+    table[0, 3], table[0, 10], table[1, 0] = -1, k.shape[0], 1 << 30
+    args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused, table)
+    outs = {}
+    for families in ("sm90", "sm80"):
+        monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", families)
+        out, lse = jax.jit(lambda q, k, v, cq, ck, su, bt: xj.flash_attn_varlen(
+            q, k, v, cq, ck, 40, 300, causal=True, seqused_k=su, block_table=bt,
+            return_softmax_lse=True))(*args)
+        outs[families] = (np.asarray(out, np.float32)[:47], np.asarray(lse)[:, :47])
+    assert np.isfinite(outs["sm90"][0]).all()
+    np.testing.assert_allclose(outs["sm90"][0], outs["sm80"][0], atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(outs["sm90"][1], outs["sm80"][1], atol=1e-3, rtol=1e-3)
+
+
 def test_flash_forward_fp8(family, gpu_device, rng, mk):
     """fp8 e4m3 q, k, v with descales, bf16 out: the portable kernel (P in float32), and
-    on sm_90 the Hopper one (P rounded to e4m3: FP8_P_BOUND)."""
-    hopper = family == "sm90,sm80" and _is_sm90(gpu_device)
-    if not hopper:
-        _skip_outside(family, "float8_e4m3fn")
+    on sm_89+ the tensor-core ones (the sm80 family's mma.sync kernel, on sm_90 the
+    Hopper one; P rounded to e4m3: FP8_P_BOUND)."""
+    tensor_cores = "sm80" in family.split(",")
+    if tensor_cores and not _has_fp8_mma(gpu_device):
+        pytest.skip("the tensor-core fp8 forward needs sm_89+")
     lens = [33, 64]
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float8_e4m3fn", lens, lens, heads=4, heads_k=4,
                                            head_dim=64)
@@ -217,7 +299,7 @@ def test_flash_forward_fp8(family, gpu_device, rng, mk):
     out = jax.jit(lambda q, k, v, cq, ck, a, b, c: xj.flash_attn_varlen(
         q, k, v, cq, ck, 64, 64, causal=True, q_descale=a, k_descale=b, v_descale=c))(*args)
     assert out.dtype == jnp.bfloat16
-    ref.assert_attention_close(out, exp_out, "fp8_p" if hopper else "bfloat16")
+    ref.assert_attention_close(out, exp_out, "fp8_p" if tensor_cores else "bfloat16")
 
 
 @pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap",
@@ -247,6 +329,83 @@ def test_flash_forward_fp8_sm90(gpu_device, rng, mk, monkeypatch, record_propert
     valid = int(cu_q[-1])
     record_property("rel_error", ref.rel_error(np.asarray(out)[:valid], exp_out[:valid]))
     ref.assert_attention_close(out, exp_out, "fp8_p", lse, exp_lse, valid_rows=valid)
+
+
+def _fp8_sm89_case(gpu_device, monkeypatch, nan_tails, q, k, v, cu_q, cu_k, seqused=None,
+                   **kw):
+    """Runs the sm80 family's fp8 forward alone (XLA_ATTN_FORCE_FAMILY=sm80: a call it
+    did not take would find no kernel) with descales (0.5, 0.25, 2), checks it against the
+    float64 reference (FP8_P_BOUND) and returns the error on the valid rows."""
+    if not _has_fp8_mma(gpu_device):
+        pytest.skip("the sm80 family's fp8 forward needs sm_89+")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm80")
+    lens_q, lens_k = np.diff(cu_q), np.diff(cu_k)
+    if seqused is not None:
+        lens_k = seqused
+    if nan_tails:  # padding rows, and keys past seqused_k, hold NaN
+        nan = np.array(np.nan, q.dtype)
+        q[int(cu_q[-1]):] = nan
+        if kw.get("block_table") is None:
+            k[int(cu_k[-1]):], v[int(cu_k[-1]):] = nan, nan
+            for b, used in enumerate(lens_k):
+                k[int(cu_k[b]) + int(used):int(cu_k[b + 1])] = nan
+                v[int(cu_k[b]) + int(used):int(cu_k[b + 1])] = nan
+    qd, kd, vd = (np.float32(x) for x in (0.5, 0.25, 2.0))
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
+                                                 q_descale=qd, k_descale=kd, v_descale=vd, **kw)
+    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
+              for key, val in kw.items()}
+    args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused, qd, kd, vd)
+    max_q, max_k = int(max(np.diff(cu_q))), int(max(np.diff(cu_k)))
+    out, lse = jax.jit(lambda q, k, v, cq, ck, su, a, b, c: xj.flash_attn_varlen(
+        q, k, v, cq, ck, max_q, max_k, seqused_k=su, q_descale=a, k_descale=b, v_descale=c,
+        return_softmax_lse=True, **kw_dev))(*args)
+    assert out.dtype == jnp.bfloat16
+    valid = int(cu_q[-1])
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    ref.assert_attention_close(out, exp_out, "fp8_p", lse, exp_lse, valid_rows=valid)
+    return ref.rel_error(np.asarray(out)[:valid], exp_out[:valid])
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 192, 256])
+def test_flash_forward_fp8_sm89(gpu_device, rng, mk, monkeypatch, record_property, head_dim,
+                                feature):
+    """The sm80 family's fp8 forward (mma.sync m16n8k32 e4m3, sm_89+): every bucket (64,
+    128, 256; 16, 80 and 192 padded), each feature, GQA 3, several row blocks and key
+    tiles, NaN in padding rows and past seqused_k (the tiles' zero fill must hide them).
+    The error against the float64 reference is recorded per shape (rel_error)."""
+    lens_q, lens_k = [300, 129, 1, 64, 0], [300, 200, 333, 64, 70]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float8_e4m3fn", lens_q, lens_k, heads=6,
+                                           heads_k=2, head_dim=head_dim, pad_q=7, pad_k=9)
+    seqused = np.array([300, 150, 333, 64, 70], np.int32)
+    kw = _feature_kwargs(rng, mk, feature, 6, len(lens_q))
+    err = _fp8_sm89_case(gpu_device, monkeypatch, True, q, k, v, cu_q, cu_k, seqused, **kw)
+    record_property("rel_error", err)
+
+
+@pytest.mark.parametrize("layout", ["paged16", "paged32_window", "split_kv"])
+def test_flash_forward_fp8_sm89_paged_split(gpu_device, rng, mk, monkeypatch, record_property,
+                                            layout):
+    """The same kernel over a block table (shuffled pages, entries past each sequence
+    pointing at unrelated blocks) and with split-KV partials merged (few rows, long keys)."""
+    if layout == "split_kv":
+        q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float8_e4m3fn", [1, 3], [20000, 9000],
+                                               heads=2, heads_k=1, head_dim=128)
+        err = _fp8_sm89_case(gpu_device, monkeypatch, False, q, k, v, cu_q, cu_k, causal=True)
+    else:
+        block_size = 16 if layout == "paged16" else 32
+        lens_q, lens_k = [5, 1, 40], [77, 16, 40]
+        q = mk.random_array(rng, (sum(lens_q) + 2, 8, 128), "float8_e4m3fn")
+        k, v, table = mk.paged_kv(rng, "float8_e4m3fn", lens_k, block_size, heads_k=2,
+                                  head_dim=128)
+        cu_q, cu_k = mk.cu_seqlens(lens_q), mk.cu_seqlens(lens_k)
+        kw = dict(causal=True, block_table=table)
+        if layout == "paged32_window":
+            kw.update(window_size=(20, -1), softcap=3.0)
+        err = _fp8_sm89_case(gpu_device, monkeypatch, True, q, k, v, cu_q, cu_k,
+                             np.array([70, 16, 33], np.int32), **kw)
+    record_property("rel_error", err)
 
 
 @pytest.mark.parametrize("feature", ["plain", "causal", "causal_window_softcap", "alibi_batch"])
