@@ -339,9 +339,7 @@ def _fp8_sm89_case(gpu_device, monkeypatch, nan_tails, q, k, v, cu_q, cu_k, sequ
     if not _has_fp8_mma(gpu_device):
         pytest.skip("the sm80 family's fp8 forward needs sm_89+")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm80")
-    lens_q, lens_k = np.diff(cu_q), np.diff(cu_k)
-    if seqused is not None:
-        lens_k = seqused
+    lens_k = np.diff(cu_k) if seqused is None else seqused
     if nan_tails:  # padding rows, and keys past seqused_k, hold NaN
         nan = np.array(np.nan, q.dtype)
         q[int(cu_q[-1]):] = nan
