@@ -150,7 +150,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
     if ((v = dispatch::select(q, &unused))) wgs = 3;
   }
   if (!v) {
-    q.op = "flash_fwd_tma";
+    q.op = paged ? "flash_fwd_tma_paged" : "flash_fwd_tma";
     if (!(v = dispatch::select(q, &unused))) return false;
   }
   const FwdTiles tiles = sm90_tiles(d, wgs, eb);
