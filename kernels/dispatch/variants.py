@@ -223,30 +223,29 @@ SM90_HEAD_BUCKETS = ((33, 64), (65, 128), (129, 256))
 
 def _flash_fwd_sm90_variants():
     # The Hopper forward (kernels/flash/fwd_sm90.cuh), f16 and bf16: 2 x 3, + 2 at d64
-    # (three consumers), + 2 x 3 for paged K/V. Its own op, flash_fwd_tma, because it takes its own args (the
-    # tensor maps) and only part of flash_fwd's calls (not split, head_dim % 8 == 0,
-    # aligned tensors, paged only with 8-row page boxes): the launcher tries it first
-    # where those hold and the device is sm_90, and otherwise selects flash_fwd as before.
+    # (three consumers), + 2 x 3 for paged K/V. Its own ops (flash_fwd_tma...), because
+    # it takes its own args (the tensor maps) and only part of flash_fwd's calls (not
+    # split, head_dim % 8 == 0, aligned tensors, paged only with 8-row page boxes): the
+    # launcher tries it first where those hold and the device is sm_90, and otherwise
+    # selects flash_fwd as before.
     features = ALL_FEATURES & ~FEATURES["fp8"]
     for dt, (lo, hi) in itertools.product(("f16", "bf16"), SM90_HEAD_BUCKETS):
-        # two consumer warpgroups (op flash_fwd_tma), and at d64 also three (op
+        # two consumer warpgroups (op flash_fwd_tma); at d64 also three (op
         # flash_fwd_tma_m192: 192-row blocks), the launcher choosing by the mask and the
-        # sequence length (sm90_tiles.h, wide_d64)
-        for op, wgs in (("flash_fwd_tma", 2),) + ((("flash_fwd_tma_m192", 3),) if hi == 64 else ()):
+        # sequence length (sm90_tiles.h, wide_d64); paged K/V in an instance of its own
+        # (op flash_fwd_tma_paged; fwd_sm90.cuh, kPaged)
+        shapes = [("flash_fwd_tma", 2, ""), ("flash_fwd_tma_paged", 2, "_paged")]
+        shapes += [("flash_fwd_tma_m192", 3, "_m192")] if hi == 64 else []
+        for op, wgs, suffix in shapes:
+            paged = suffix == "_paged"
             yield Variant(
                 op=op, family="sm90", module="flash_fwd_sm90",
-                kernel=f"xla_attn_flash_fwd_sm90_{dt}_d{hi}" + ("_m192" if wgs == 3 else ""),
-                template=f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}, {wgs}>",
+                kernel=f"xla_attn_flash_fwd_sm90_{dt}_d{hi}{suffix}",
+                template=f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}, {wgs}"
+                         + (", true>" if paged else ">"),
                 params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
-                head_dim_max=hi, features=features & ~FEATURES["paged"], priority=20,
-                threads=128 * (1 + wgs))
-        # paged K/V: an instance of its own (op flash_fwd_tma_paged; fwd_sm90.cuh, kPaged)
-        yield Variant(
-            op="flash_fwd_tma_paged", family="sm90", module="flash_fwd_sm90",
-            kernel=f"xla_attn_flash_fwd_sm90_{dt}_d{hi}_paged",
-            template=f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}, 2, true>",
-            params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
-            head_dim_max=hi, features=features, priority=20, threads=384)
+                head_dim_max=hi, features=features if paged else features & ~FEATURES["paged"],
+                priority=20, threads=128 * (1 + wgs))
     # fp8 e4m3 (q, k, v; bf16 out), head dims 16-128 in the d128 kernel (sm90_tiles.h,
     # fp8_covers): + 1.
     yield Variant(
