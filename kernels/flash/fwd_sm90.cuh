@@ -217,22 +217,23 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         }
         return;
       }
-      // Paged (warp 0): each box from its cache row (none: no page, or past the
-      // range), which lane i looked up for box i (lane_row); lane 0 copies.
+      // Paged (warp 0): lane i copies box i from the cache row it looked up (lane_row;
+      // none: no page, or past the range) once lane 0 has announced the tile's bytes.
       if (threadIdx.x == 0) sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
-      for (int r = 0, i = 0; r < kBlockN; r += a.kv_box_rows, ++i) {
-        const int64_t row = __shfl_sync(0xffffffffu, lane_row, i);
-        const int at = row >= 0 ? int(row) : int(p.total_k);  // past the rows: zeros
-        for (int c = 0; c < kColBlocks && threadIdx.x == 0; ++c) {
+      __syncwarp();
+      const int r = int(threadIdx.x) * a.kv_box_rows;
+      if (r < kBlockN) {
+        const int at = lane_row >= 0 ? int(lane_row) : int(p.total_k);  // past the rows: zeros
+        for (int c = 0; c < kColBlocks; ++c) {
           sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes + r * kRowBytes, map,
                             bar(kind, st), 128 / kEB * c, hk, at);
         }
       }
     };
-    // Paged: the whole of warp 0 runs the copy loop, its lanes looking a tile's pages up
-    // together (K and V share them): one table round trip a tile instead of one a box
-    // (serial in one thread, 16-row boxes ran at 225 TFLOP/s against 482 for 64-row
-    // ones; H100, d128, S=4096, causal).
+    // Paged: the whole of warp 0 runs the copy loop, lane i looking box i's page up (K
+    // and V share it) and issuing its copies. H100, d128, S=4096, causal, 16-row boxes:
+    // lookups and copies in one thread 225 TFLOP/s, lookups by the lanes and copies in
+    // one thread 263-268, both by the lanes 468 (64-row boxes 482-497).
     if ((paged ? threadIdx.x < 32 : threadIdx.x == 0) && tiles > 0) {
       if (threadIdx.x == 0) {
         sm90::prefetch_tensor_map(&a.k_map);
