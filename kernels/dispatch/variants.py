@@ -247,14 +247,17 @@ def _flash_fwd_sm90_variants():
                 head_dim_max=hi, features=features if paged else features & ~FEATURES["paged"],
                 priority=20, threads=128 * (1 + wgs))
     # fp8 e4m3 (q, k, v; bf16 out), head dims 16-128 in the d128 kernel (sm90_tiles.h,
-    # fp8_covers): + 1.
-    yield Variant(
-        op="flash_fwd_tma", family="sm90", module="flash_fwd_sm90",
-        kernel="xla_attn_flash_fwd_sm90_f8e4m3_d128",
-        template="xla_attn::flash_fwd_sm90<__nv_fp8_e4m3, 128, 2>",
-        params="xla_attn::flash_sm90::Args", dtype0="f8e4m3", dtype1="f8e4m3", head_dim_min=16,
-        head_dim_max=128, features=(features & ~FEATURES["paged"]) | FEATURES["fp8"],
-        priority=20, threads=384)
+    # fp8_covers), and its paged instance: + 2.
+    for op, suffix in (("flash_fwd_tma", ""), ("flash_fwd_tma_paged", "_paged")):
+        paged = suffix == "_paged"
+        yield Variant(
+            op=op, family="sm90", module="flash_fwd_sm90",
+            kernel=f"xla_attn_flash_fwd_sm90_f8e4m3_d128{suffix}",
+            template="xla_attn::flash_fwd_sm90<__nv_fp8_e4m3, 128, 2" + (", true>" if paged else ">"),
+            params="xla_attn::flash_sm90::Args", dtype0="f8e4m3", dtype1="f8e4m3",
+            head_dim_min=16, head_dim_max=128,
+            features=(features if paged else features & ~FEATURES["paged"]) | FEATURES["fp8"],
+            priority=20, threads=384)
 
 
 def _flash_bwd_sm90_variants():

@@ -17,9 +17,9 @@
 //
 // The contract is the sm80 kernel's for what this family takes (the launcher sends the
 // rest there): varlen, seqused_k, GQA, causal / sliding window, softcap, ALiBi, lse
-// (+inf for rows that see no key), batch_used, decode_max_q, paged K/V (16-bit, block
-// sizes whose gcd with block_n is a multiple of 8); not split-KV, and head_dim % 8 == 0
-// with 16-byte aligned tensors (the copy engine's strides).
+// (+inf for rows that see no key), batch_used, decode_max_q, paged K/V (block sizes
+// whose gcd with block_n is a multiple of 8); not split-KV, and head_dim % 8 == 0 with
+// 16-byte aligned tensors (the copy engine's strides).
 //
 // Paged K/V: a tile's rows come in boxes of kv_box_rows keys (sm90_tiles.h, Args), each
 // box from the row its page starts at. The block table is untrusted: a box whose page
@@ -91,7 +91,7 @@ __device__ __forceinline__ void transpose_v_e4m3(uint32_t raw, uint32_t vt, int 
 
 }  // namespace flash_sm90
 
-// kPaged: the instance for paged K/V (16-bit, two consumers), so that the others carry
+// kPaged: the instance for paged K/V (two consumers; 16-bit or fp8), so that the others carry
 // none of its code: with a run-time flag ptxas spilled at d128 and the dense forward ran
 // 6-9 % slower (H100, d128, S = 4096 / 16384).
 template <typename T, int D, int kWgs, bool kPaged = false>
@@ -119,7 +119,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   FwdBlock blk;
   if (!blk.locate<Out>(p, kBlockM, kBlockN)) return;
   const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd, hk = blk.hk;
-  static_assert(!kPaged || (!kFp8 && kWgs == 2), "paged: the 16-bit two-consumer kernels");
+  static_assert(!kPaged || kWgs == 2, "paged: the two-consumer kernels");
   constexpr bool paged = kPaged;  // the launcher sends paged calls here alone
   // paged: tiles start on a box (page) boundary, so that no box straddles two pages; the
   // keys added in front are outside every row's window and masked as such

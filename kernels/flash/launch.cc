@@ -110,8 +110,8 @@ std::string encode_rows(sm90::TensorMap* map, const void* base, int64_t rows, in
 }
 
 // The sm90 family (flash/fwd_sm90.cuh) where it takes the call: sm_90, 16-bit q/k/v
-// (or fp8 e4m3 with head_dim 16..128), paged only at 16 bits with block sizes that
-// give whole 8-row boxes (flash_sm90::Args), no split wanted (asked for, or planned
+// (or fp8 e4m3 with head_dim 16..128), paged with block sizes that give whole 8-row
+// boxes (flash_sm90::Args), no split wanted (asked for, or planned
 // because the grid would not fill the GPU), rows the copy engine can stride (16-byte
 // rows and 16-byte aligned tensors). Returns false (and launches nothing) where it does
 // not; `error` is set only when it took the call and the launch failed.
@@ -120,12 +120,12 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   const bool fp8 = params.q_dtype == XLA_ATTN_F8E4M3;
   const int eb = fp8 ? 1 : 2;
   const int d = fp8 ? flash_sm90::kFp8HeadDim : flash_sm90::head_bucket(params.head_dim);
-  // Paged (16-bit): boxes of gcd(block_size, block_n) rows, a multiple of 8 (Args), and
+  // Paged: boxes of gcd(block_size, block_n) rows, a multiple of 8 (Args), and
   // box coordinates (int32) that reach one past the cache's rows.
   const bool paged = params.block_table != nullptr;
   const int box = paged ? flash_sm90::paged_box_rows(std::max(params.block_size, 1), d)
                         : flash_sm90::block_n(d);
-  if (paged && (fp8 || params.block_size <= 0 || box % 8 != 0 || params.num_blocks <= 0 ||
+  if (paged && (params.block_size <= 0 || box % 8 != 0 || params.num_blocks <= 0 ||
                 params.total_k >= (int64_t(1) << 31) - flash_sm90::block_n(d))) {
     return false;
   }

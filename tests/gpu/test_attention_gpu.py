@@ -229,22 +229,30 @@ def _paged_sm90_inputs(rng, mk, dtype, block_size, head_dim, lens_q, lens_k, seq
 @pytest.mark.parametrize("feature", ["causal", "window_softcap_alibi"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("block_size", [8, 16, 48, 256])
-def test_flash_forward_paged_sm90(gpu_device, rng, mk, monkeypatch, block_size, head_dim,
-                                  feature):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_flash_forward_paged_sm90(gpu_device, rng, mk, monkeypatch, dtype, block_size,
+                                  head_dim, feature):
     """The Hopper forward over a block table alone (XLA_ATTN_FORCE_FAMILY=sm90): boxes of
     gcd(block_size, block_n) rows from shuffled pages (8: 16 boxes a 128-key tile; 48:
     16-row boxes; 256: whole 128-key tiles), several tiles a sequence, GQA 4, NaN in
-    unrelated blocks, past seqused_k and in q's padding rows."""
+    unrelated blocks, past seqused_k and in q's padding rows; bf16, and fp8 e4m3 with
+    descales (head dims up to 128, P rounded to e4m3: FP8_P_BOUND)."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
+    fp8 = dtype == "float8_e4m3fn"
+    if fp8 and head_dim > 128:
+        pytest.skip("the Hopper fp8 forward covers head dims up to 128")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
     lens_q, lens_k = [5, 1, 200, 0], [300, 16, 333, 20]
     seqused = np.array([290, 16, 333, 20], np.int32)
-    q, k, v, table, cu_q, cu_k = _paged_sm90_inputs(rng, mk, "bfloat16", block_size, head_dim,
+    q, k, v, table, cu_q, cu_k = _paged_sm90_inputs(rng, mk, dtype, block_size, head_dim,
                                                     lens_q, lens_k, seqused)
     kw = dict(causal=True)
     if feature == "window_softcap_alibi":
         kw = dict(window_size=(150, 3), softcap=4.0, alibi_slopes=mk.alibi(rng, 8))
+    if fp8:
+        kw.update(q_descale=np.float32(0.5), k_descale=np.float32(0.25),
+                  v_descale=np.float32(2.0))
     exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
                                                  block_table=table, **kw)
     kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
@@ -254,7 +262,8 @@ def test_flash_forward_paged_sm90(gpu_device, rng, mk, monkeypatch, block_size, 
         q, k, v, cq, ck, max(lens_q), max(lens_k), seqused_k=su, block_table=bt,
         return_softmax_lse=True, **kw_dev))(*args)
     assert np.isfinite(np.asarray(out, np.float32)[:int(cu_q[-1])]).all()
-    ref.assert_attention_close(out, exp_out, "bfloat16", lse, exp_lse, valid_rows=int(cu_q[-1]))
+    ref.assert_attention_close(out, exp_out, "fp8_p" if fp8 else "bfloat16", lse, exp_lse,
+                               valid_rows=int(cu_q[-1]))
 
 
 def test_flash_forward_paged_sm90_absent_pages(gpu_device, rng, mk, monkeypatch):
