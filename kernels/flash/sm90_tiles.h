@@ -97,7 +97,7 @@ XLA_ATTN_HOST_DEVICE constexpr int vt_bytes(int d, int eb) { return eb == 1 ? kv
 XLA_ATTN_HOST_DEVICE constexpr int barrier_bytes(int eb) {
   return 8 * (1 + (eb == 1 ? 6 : 4) * kMaxStages);
 }
-// Paged K/V (16-bit kernels): each consumer warp's valid bytes of its current tile, one
+// Paged K/V (the kPaged instances): each consumer warp's valid bytes of its current tile, one
 // a key (1: its page exists), up to 3 consumer warpgroups.
 XLA_ATTN_HOST_DEVICE constexpr int valid_bytes(int d) { return 3 * 4 * block_n(d); }
 XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb = 2) {
