@@ -489,9 +489,8 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
   const E* v = static_cast<const E*>(p.v) + int64_t(hk) * hu;
   const bool vec = hu % 8 == 0 && aligned_to<E>(p.q, 16) && aligned_to<E>(p.k, 16) &&
                    aligned_to<E>(p.v, 16);
-  const float qk_descale =
-      kFp8 ? (p.q_descale ? *p.q_descale : 1.f) * (p.k_descale ? *p.k_descale : 1.f) : 1.f;
-  const ScoreTransform sx = ScoreTransform::of(p, b, h, qk_descale);
+  const ScoreTransform sx =
+      ScoreTransform::of(p, b, h, descale<T>(p.q_descale) * descale<T>(p.k_descale));
   const bool softcap = sx.softcap, prescale = sx.prescale;
   const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
 
@@ -740,7 +739,7 @@ __device__ void flash_fwd_sm80(const xla_attn_flash_fwd_params& p) {
   float* ws_out = static_cast<float*>(p.workspace);
   const int64_t out_stride = int64_t(p.num_heads) * hd;  // elements of out / partials
   float* ws_lse = ws_out + int64_t(splits) * p.total_q * out_stride;
-  const float out_scale = kFp8 && p.v_descale ? *p.v_descale : 1.f;
+  const float out_scale = descale<T>(p.v_descale);
   Out* out = static_cast<Out*>(p.out) + int64_t(h) * hd;
   auto fp8_col = [&](int dt, int e) { return 16 * (dt / 2) + 4 * t + 2 * e + dt % 2; };
 #pragma unroll

@@ -267,10 +267,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
 
     // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).
-    const float qk_descale = kFp8 ? (p.q_descale ? *p.q_descale : 1.f) *
-                                        (p.k_descale ? *p.k_descale : 1.f)
-                                  : 1.f;
-    const sm80::ScoreTransform sx = sm80::ScoreTransform::of(p, b, h, qk_descale);
+    const sm80::ScoreTransform sx =
+        sm80::ScoreTransform::of(p, b, h, descale<T>(p.q_descale) * descale<T>(p.k_descale));
     const bool softcap = sx.softcap, prescale = sx.prescale;
     const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
     // Keys every row of the block sees, inside its range: tiles there need no mask.
@@ -503,7 +501,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     const int64_t q_stride = int64_t(p.num_heads) * hd;
     // fp8: O is scaled by v_descale and, bf16 being wider than the Q rows it would be
     // staged in, stored from registers (pairs of columns).
-    const float out_scale = kFp8 && p.v_descale ? *p.v_descale : 1.f;
+    const float out_scale = descale<T>(p.v_descale);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float sum = l[0][hf];

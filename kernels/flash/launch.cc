@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "common/checks.h"
 #include "common/op.h"
@@ -123,7 +124,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   // Paged: boxes of gcd(block_size, block_n) rows, a multiple of 8 (Args), and
   // box coordinates (int32) that reach one past the cache's rows.
   const bool paged = params.block_table != nullptr;
-  const int box = paged ? flash_sm90::paged_box_rows(std::max(params.block_size, 1), d)
+  const int box = paged ? std::gcd(std::max(params.block_size, 1), flash_sm90::block_n(d))
                         : flash_sm90::block_n(d);
   if (paged && (params.block_size <= 0 || box % 8 != 0 || params.num_blocks <= 0 ||
                 params.total_k >= (int64_t(1) << 31) - flash_sm90::block_n(d))) {

@@ -10,8 +10,9 @@ namespace xla_attn::flash_sm90 {
 // consumer warpgroups of 64 query rows each (wgmma's M): two, or at d64 three where that
 // pays (wide_d64 below). Several consumers let one run its softmax while another's
 // products run on the tensor cores (FA3's ping-pong: taken in turns on named barriers
-// with two consumers, fwd_sm90.cuh; left to the warp schedulers with three); d64's softmax weighs twice d128's against its
-// products (per S element the same exponential for half the matrix work).
+// with two consumers, fwd_sm90.cuh; left to the warp schedulers with three); d64's
+// softmax weighs twice d128's against its products (per S element the same exponential
+// for half the matrix work).
 constexpr int kConsumerWarpgroups = 2;  // the default, and the backward's
 XLA_ATTN_HOST_DEVICE constexpr int block_m(int wgs) { return 64 * wgs; }
 constexpr int kBlockM = block_m(kConsumerWarpgroups);
@@ -123,15 +124,6 @@ struct Args {
   sm90::TensorMap q_map, k_map, v_map;
   int kv_box_rows;
 };
-XLA_ATTN_HOST_DEVICE constexpr int paged_box_rows(int block_size, int d) {
-  int a = block_size, b = block_n(d);
-  while (b != 0) {
-    const int r = a % b;
-    a = b;
-    b = r;
-  }
-  return a;
-}
 
 // Backward (flash/bwd_sm90.cuh): the dk/dv kernel of the atomic-dQ path at the d128
 // bucket (65-128). One block = a producer warpgroup and two consumer warpgroups of 64

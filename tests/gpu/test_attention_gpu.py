@@ -119,13 +119,14 @@ def test_flash_forward_long(family, gpu_device, rng, mk, dtype, head_dim, featur
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
 
 
-def _nan_tail_inputs(gpu_device, rng, mk, monkeypatch, dtype, head_dim, families):
+def _nan_tail_inputs(gpu_device, rng, mk, monkeypatch, dtype, head_dim, families,
+                     needs=_is_sm90, why="the sm90 family runs on sm_90 only"):
     """Varlen inputs for the sm90 kernels' boxes (128-row Q, 64/128-key K/V) to read past
     each sequence: padding rows of q, k, v (and dO, the 4th array) hold NaN, as do the
-    keys past seqused_k of sequence 1; GQA 3, several row blocks and key tiles. Skips off
-    sm_90; sets XLA_ATTN_FORCE_FAMILY to `families`."""
-    if not _is_sm90(gpu_device):
-        pytest.skip("the sm90 family runs on sm_90 only")
+    keys past seqused_k of sequence 1; GQA 3, several row blocks and key tiles. Skips
+    where needs(device) is false; sets XLA_ATTN_FORCE_FAMILY to `families`."""
+    if not needs(gpu_device):
+        pytest.skip(why)
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", families)
     lens_q, lens_k = [300, 129, 1, 64, 0], [300, 200, 333, 64, 70]
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=6, heads_k=2,
@@ -207,7 +208,7 @@ def test_flash_forward_paged(family, gpu_device, rng, mk, dtype, block_size):
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
 
 
-def _paged_sm90_inputs(rng, mk, dtype, block_size, head_dim, lens_q, lens_k, seqused):
+def _paged_nan_inputs(rng, mk, dtype, block_size, head_dim, lens_q, lens_k, seqused):
     """q (+2 padding rows of NaN), a paged cache whose spare blocks and slots past
     seqused_k hold NaN (the boxes read whole pages: only masks and zeroing hide them),
     the table, cu_seqlens."""
@@ -245,7 +246,7 @@ def test_flash_forward_paged_sm90(gpu_device, rng, mk, monkeypatch, dtype, block
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
     lens_q, lens_k = [5, 1, 200, 0], [300, 16, 333, 20]
     seqused = np.array([290, 16, 333, 20], np.int32)
-    q, k, v, table, cu_q, cu_k = _paged_sm90_inputs(rng, mk, dtype, block_size, head_dim,
+    q, k, v, table, cu_q, cu_k = _paged_nan_inputs(rng, mk, dtype, block_size, head_dim,
                                                     lens_q, lens_k, seqused)
     kw = dict(causal=True)
     if feature == "window_softcap_alibi":
@@ -274,7 +275,7 @@ def test_flash_forward_paged_sm90_absent_pages(gpu_device, rng, mk, monkeypatch)
         pytest.skip("the sm90 family runs on sm_90 only")
     lens_q, lens_k = [40, 7], [300, 200]
     seqused = np.array(lens_k, np.int32)
-    q, k, v, table, cu_q, cu_k = _paged_sm90_inputs(rng, mk, "bfloat16", 16, 128, lens_q,
+    q, k, v, table, cu_q, cu_k = _paged_nan_inputs(rng, mk, "bfloat16", 16, 128, lens_q,
                                                     lens_k, seqused)
     table = table.copy()
     table[0, 3], table[0, 10], table[1, 0] = -1, k.shape[0], 1 << 30
@@ -340,23 +341,14 @@ def test_flash_forward_fp8_sm90(gpu_device, rng, mk, monkeypatch, record_propert
     ref.assert_attention_close(out, exp_out, "fp8_p", lse, exp_lse, valid_rows=valid)
 
 
-def _fp8_sm89_case(gpu_device, monkeypatch, nan_tails, q, k, v, cu_q, cu_k, seqused=None,
-                   **kw):
-    """Runs the sm80 family's fp8 forward alone (XLA_ATTN_FORCE_FAMILY=sm80: a call it
-    did not take would find no kernel) with descales (0.5, 0.25, 2), checks it against the
-    float64 reference (FP8_P_BOUND) and returns the error on the valid rows."""
-    if not _has_fp8_mma(gpu_device):
-        pytest.skip("the sm80 family's fp8 forward needs sm_89+")
-    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm80")
-    lens_k = np.diff(cu_k) if seqused is None else seqused
-    if nan_tails:  # padding rows, and keys past seqused_k, hold NaN
-        nan = np.array(np.nan, q.dtype)
-        q[int(cu_q[-1]):] = nan
-        if kw.get("block_table") is None:
-            k[int(cu_k[-1]):], v[int(cu_k[-1]):] = nan, nan
-            for b, used in enumerate(lens_k):
-                k[int(cu_k[b]) + int(used):int(cu_k[b + 1])] = nan
-                v[int(cu_k[b]) + int(used):int(cu_k[b + 1])] = nan
+_FP8_MMA = dict(families="sm80", needs=_has_fp8_mma,
+                why="the sm80 family's fp8 forward needs sm_89+")
+
+
+def _fp8_sm89_case(gpu_device, q, k, v, cu_q, cu_k, seqused=None, **kw):
+    """Runs the fp8 forward (under XLA_ATTN_FORCE_FAMILY=sm80, the sm80 family's alone: a
+    call it did not take would find no kernel) with descales (0.5, 0.25, 2), checks it
+    against the float64 reference (FP8_P_BOUND) and returns the error on the valid rows."""
     qd, kd, vd = (np.float32(x) for x in (0.5, 0.25, 2.0))
     exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
                                                  q_descale=qd, k_descale=kd, v_descale=vd, **kw)
@@ -379,39 +371,37 @@ def _fp8_sm89_case(gpu_device, monkeypatch, nan_tails, q, k, v, cu_q, cu_k, sequ
 def test_flash_forward_fp8_sm89(gpu_device, rng, mk, monkeypatch, record_property, head_dim,
                                 feature):
     """The sm80 family's fp8 forward (mma.sync m16n8k32 e4m3, sm_89+): every bucket (64,
-    128, 256; 16, 80 and 192 padded), each feature, GQA 3, several row blocks and key
-    tiles, NaN in padding rows and past seqused_k (the tiles' zero fill must hide them).
-    The error against the float64 reference is recorded per shape (rel_error)."""
-    lens_q, lens_k = [300, 129, 1, 64, 0], [300, 200, 333, 64, 70]
-    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float8_e4m3fn", lens_q, lens_k, heads=6,
-                                           heads_k=2, head_dim=head_dim, pad_q=7, pad_k=9)
-    seqused = np.array([300, 150, 333, 64, 70], np.int32)
-    kw = _feature_kwargs(rng, mk, feature, 6, len(lens_q))
-    err = _fp8_sm89_case(gpu_device, monkeypatch, True, q, k, v, cu_q, cu_k, seqused, **kw)
-    record_property("rel_error", err)
+    128, 256; 16, 80 and 192 padded), each feature, on the NaN-tail inputs (GQA 3, several
+    row blocks and key tiles; the tiles' zero fill must hide the NaN). The error against
+    the float64 reference is recorded per shape (rel_error)."""
+    (q, k, v, _, cu_q, cu_k, seqused), _ = _nan_tail_inputs(
+        gpu_device, rng, mk, monkeypatch, "float8_e4m3fn", head_dim, **_FP8_MMA)
+    kw = _feature_kwargs(rng, mk, feature, 6, len(cu_q) - 1)
+    record_property("rel_error", _fp8_sm89_case(gpu_device, q, k, v, cu_q, cu_k, seqused, **kw))
 
 
 @pytest.mark.parametrize("layout", ["paged16", "paged32_window", "split_kv"])
 def test_flash_forward_fp8_sm89_paged_split(gpu_device, rng, mk, monkeypatch, record_property,
                                             layout):
-    """The same kernel over a block table (shuffled pages, entries past each sequence
-    pointing at unrelated blocks) and with split-KV partials merged (few rows, long keys)."""
+    """The same kernel over a block table (the paged NaN inputs: shuffled pages, NaN in
+    unrelated blocks, past seqused_k and in q's padding rows) and with split-KV partials
+    merged (few rows, long keys)."""
+    if not _FP8_MMA["needs"](gpu_device):
+        pytest.skip(_FP8_MMA["why"])
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", _FP8_MMA["families"])
     if layout == "split_kv":
         q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float8_e4m3fn", [1, 3], [20000, 9000],
                                                heads=2, heads_k=1, head_dim=128)
-        err = _fp8_sm89_case(gpu_device, monkeypatch, False, q, k, v, cu_q, cu_k, causal=True)
+        err = _fp8_sm89_case(gpu_device, q, k, v, cu_q, cu_k, causal=True)
     else:
-        block_size = 16 if layout == "paged16" else 32
-        lens_q, lens_k = [5, 1, 40], [77, 16, 40]
-        q = mk.random_array(rng, (sum(lens_q) + 2, 8, 128), "float8_e4m3fn")
-        k, v, table = mk.paged_kv(rng, "float8_e4m3fn", lens_k, block_size, heads_k=2,
-                                  head_dim=128)
-        cu_q, cu_k = mk.cu_seqlens(lens_q), mk.cu_seqlens(lens_k)
+        seqused = np.array([70, 16, 33], np.int32)
+        q, k, v, table, cu_q, cu_k = _paged_nan_inputs(
+            rng, mk, "float8_e4m3fn", 16 if layout == "paged16" else 32, 128, [5, 1, 40],
+            [77, 16, 40], seqused)
         kw = dict(causal=True, block_table=table)
         if layout == "paged32_window":
             kw.update(window_size=(20, -1), softcap=3.0)
-        err = _fp8_sm89_case(gpu_device, monkeypatch, True, q, k, v, cu_q, cu_k,
-                             np.array([70, 16, 33], np.int32), **kw)
+        err = _fp8_sm89_case(gpu_device, q, k, v, cu_q, cu_k, seqused, **kw)
     record_property("rel_error", err)
 
 
