@@ -87,45 +87,57 @@ __device__ __forceinline__ void wait(unsigned bar, unsigned parity) {
                :: "r"(bar), "r"(parity) : "memory");
 }
 extern "C" __global__ void bulkread(const char* k, const char* v, const int* table, int bps, int bs,
-    int heads, int L, unsigned* out, int S, int mode) {
+    int heads, int L, unsigned* out, int S, int mode, int rb) {
   // mode 0: paged rows (16 x 256 B bulk copies per tile and tensor); 1: contiguous [B][Hk][L][D]
-  // as 16 x 256 B; 2: contiguous, one 4 KB copy per tile and tensor
+  // as 16 x 256 B; 2: contiguous, one 4 KB copy per tile and tensor; 3: paged, a block for all
+  // heads of a sequence (blockIdx.x: a split of its keys), a tile = 2 whole key rows (4 KB)
   extern __shared__ __align__(128) unsigned char sm[];
   __shared__ __align__(8) unsigned long long bars[16][8];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   const int hk = blockIdx.x % heads, split = blockIdx.x / heads, nsplit = gridDim.x / heads, b = blockIdx.y;
-  unsigned char* mine = sm + warp * S * 8192;
+  // rb: bytes of a key's row in one kv head (256: bf16 d128; 128: fp8 d128); a stage holds
+  // a 16-key tile of K and of V
+  const int stage = 2 * 16 * rb;
+  unsigned char* mine = sm + warp * S * stage;
   if (lane < S) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(sa(&bars[warp][lane])));
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   __syncthreads();
-  const long rs = (long)heads * 256;
-  const int tiles_all = L / 16, per = tiles_all / nsplit, t0 = split * per;
+  const long rs = (long)heads * rb;
+  const int tiles_all = mode == 3 ? L / 2 : L / 16;
+  const int parts = mode == 3 ? gridDim.x : nsplit;  // mode 3: every block a split of all heads
+  const int per = tiles_all / parts, t0 = (mode == 3 ? blockIdx.x : split) * per;
   const int my = (per - warp + nw - 1) / nw;
   unsigned acc = 0;
   auto issue = [&](int i) {
     const int st = i % S, tile = t0 + i * nw + warp;
     const unsigned bar = sa(&bars[warp][st]);
-    if (lane == 0) expect(bar, 8192);
+    if (lane == 0) expect(bar, stage);
     __syncwarp();
-    unsigned char* dk = mine + st * 8192;
-    if (mode == 2) {
+    unsigned char* dk = mine + st * stage;
+    if (mode == 3) {
+      if (lane == 0) {
+        const int key = (t0 + i * nw + warp) * 2;
+        long off = ((long)table[b * bps + key / bs] * bs + key % bs) * rs;
+        bulk(sa(dk), k + off, 4096, bar); bulk(sa(dk + 4096), v + off, 4096, bar);
+      }
+    } else if (mode == 2) {
       if (lane == 0) {
         long off = ((long)(b * heads + hk) * L + tile * 16) * 256;
         bulk(sa(dk), k + off, 4096, bar); bulk(sa(dk + 4096), v + off, 4096, bar);
       }
     } else if (lane < 16) {
       const int key = tile * 16 + lane;
-      long off = mode == 0 ? ((long)table[b * bps + key / bs] * bs + key % bs) * rs + hk * 256
-                           : ((long)(b * heads + hk) * L + key) * 256;
-      bulk(sa(dk + lane * 256), k + off, 256, bar); bulk(sa(dk + 4096 + lane * 256), v + off, 256, bar);
+      long off = mode == 0 ? ((long)table[b * bps + key / bs] * bs + key % bs) * rs + hk * rb
+                           : ((long)(b * heads + hk) * L + key) * rb;
+      bulk(sa(dk + lane * rb), k + off, rb, bar); bulk(sa(dk + stage / 2 + lane * rb), v + off, rb, bar);
     }
   };
   for (int i = 0; i < S && i < my; ++i) issue(i);
   for (int i = 0; i < my; ++i) {
     const int st = i % S;
     wait(sa(&bars[warp][st]), (i / S) & 1);
-    const unsigned* x = reinterpret_cast<const unsigned*>(mine + st * 8192);
-    acc ^= x[lane] ^ x[1024 + lane];
+    const unsigned* x = reinterpret_cast<const unsigned*>(mine + st * stage);
+    acc ^= x[lane] ^ x[stage / 8 + lane];
     __syncwarp();
     if (i + S < my) issue(i + S);
   }
@@ -189,14 +201,27 @@ def main() -> None:
                 print(f"bs{bs} {order:8s} ldg  all heads, 8 splits: {r:.0f} GB/s")
             if bulk is not None:
                 f = bulk.get_function("bulkread")
-                modes = (0, 1, 2) if bs == 16 and order == "random" else (0,)
+                modes = (0, 1, 2, 3) if bs == 16 and order == "random" else (0, 3)
                 for mode in modes:
                     for w, s, splits in ((4, 3, 1), (8, 3, 1), (4, 3, 4)):
                         r = rate(f, (HKV * splits, B), (32 * w,),
                                  (k, v, table, i32(L // bs), i32(bs), i32(HKV), i32(L), out,
-                                  i32(s), i32(mode)), w * s * 8192)
+                                  i32(s), i32(mode), i32(256)), w * s * 8192)
                         print(f"bs{bs} {order:8s} bulk mode {mode} W={w} S={s} splits={splits}: "
                               f"{r:.0f} GB/s")
+        if "fp8" in kinds and bulk is not None and bs == 16:
+            # an fp8 d128 cache (128-byte rows a head): a block per kv head reads 128-byte
+            # pieces 1 KB apart; a block per pair of kv heads, 256-byte pieces
+            f = bulk.get_function("bulkread")
+            tab = cp.asarray(rng.permutation(nb).astype(np.int32))
+            for heads, rb, plans in ((8, 128, ((4, 4, 1), (4, 4, 3), (4, 6, 1))),
+                                     (4, 256, ((4, 3, 1), (4, 3, 3), (4, 2, 3)))):
+                for w, s, splits in plans:
+                    r = rate(f, (heads * splits, B), (32 * w,),
+                             (k, v, tab, i32(L // bs), i32(bs), i32(heads), i32(L), out, i32(s),
+                              i32(0), i32(rb)), w * s * 32 * rb) / 2
+                    print(f"fp8 bs16 random bulk rows of {rb} B ({heads} blocks a sequence) W={w} "
+                          f"S={s} splits={splits}: {r:.0f} GB/s")
         if ldg is not None:
             f = ldg.get_function("contig")
             r = rate(f, (B * HKV,), (256,), (k, v, np.int64(L * D * 2 // 16), out))

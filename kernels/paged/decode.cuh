@@ -59,7 +59,8 @@ __device__ void fill_rows(const xla_attn_paged_attention_params& p, int hk, int6
 // kernels: its sequence, the GQA group's query rows (row r: query token r / group,
 // head r % group) and this split's keys [k_lo, k_hi), cut in whole steps of `step`
 // keys (k_lo a multiple of `align`: the first key rounds down, and the window masks the
-// keys before it). locate() returns false for a block with nothing to do (the padding sequence
+// keys before it). A block may read `heads` adjacent kv heads (blockIdx.y: hk / heads).
+// locate() returns false for a block with nothing to do (the padding sequence
 // index zeroes the rows past the last real sequence first; spans longer than max_q
 // belong to the flash forward).
 struct DecodeBlock {
@@ -69,15 +70,17 @@ struct DecodeBlock {
   int split, hk, b, group, total_rows, k_lo, k_hi;
 
   template <typename Q>
-  __device__ __forceinline__ bool locate(const Args& a, int step, int align = 1) {
+  __device__ __forceinline__ bool locate(const Args& a, int step, int align = 1, int heads = 1) {
     const xla_attn_paged_attention_params& p = a.p;
     split = blockIdx.x;
-    hk = blockIdx.y;
+    hk = blockIdx.y * heads;
     b = blockIdx.z;
     const int n = real_batch(p.max_num_seqs, p.num_seqs);
     if (b >= n) {
       if (b == p.max_num_seqs && split == 0) {
-        fill_rows<Q>(p, hk, clamp64(p.query_start_loc[n], 0, p.total_q), p.total_q, 0.f);
+        for (int h = hk; h < hk + heads; ++h) {
+          fill_rows<Q>(p, h, clamp64(p.query_start_loc[n], 0, p.total_q), p.total_q, 0.f);
+        }
       }
       return false;
     }
@@ -85,7 +88,9 @@ struct DecodeBlock {
                  int64_t(p.num_blocks) * p.block_size, true,
                  int64_t(p.max_blocks_per_seq) * p.block_size);
     if (s.num_q > a.max_q && a.no_flash_follows && split == 0) {
-      fill_rows<Q>(p, hk, s.q_start, s.q_start + s.num_q, XLA_ATTN_NAN);
+      for (int h = hk; h < hk + heads; ++h) {
+        fill_rows<Q>(p, h, s.q_start, s.q_start + s.num_q, XLA_ATTN_NAN);
+      }
     }
     if (s.num_q == 0 || s.num_q > a.max_q) return false;
     group = p.num_heads / p.num_heads_k;

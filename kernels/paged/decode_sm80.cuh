@@ -91,6 +91,7 @@ namespace decode_sm80 {
 // (the key has a cache row), release() and drain().
 template <typename KV, int D>
 struct CpAsyncTiles {
+  static constexpr int kHeads = 1;  // kv heads a block reads
   using LdsmLane = sm80::LdsmLane<D * int(sizeof(KV)) / 2>;
   static constexpr int kStages = stages(int(sizeof(KV)));
   static constexpr int kTileW = D * int(sizeof(KV)) / 2;   // tile row width in 16-bit units
@@ -190,10 +191,10 @@ struct CpAsyncTiles {
     return i % kStages;
   }
 
-  __device__ __forceinline__ uint32_t k_tile(int stage) const {
+  __device__ __forceinline__ uint32_t k_tile(int stage, int /*head*/ = 0) const {
     return sK + uint32_t(stage * kStageBytes);
   }
-  __device__ __forceinline__ uint32_t v_tile(int stage) const {
+  __device__ __forceinline__ uint32_t v_tile(int stage, int /*head*/ = 0) const {
     return sV + uint32_t(stage * kStageBytes);
   }
   // ldmatrix lane addresses of k-step kk (16 units) of the K tile, of the V tile.
@@ -211,6 +212,10 @@ struct CpAsyncTiles {
 
 // The decode kernel's body over a tile source (decode_sm80::CpAsyncTiles, or the TMA
 // tiles of paged/decode_sm90.cuh): block `blk`, keys in `tiles` 16-key tiles per block.
+// A source of Tiles::kHeads > 1 kv heads puts their query rows in the m16 tile (row r:
+// head hk + r / total_rows); S is computed against each head's K and each row takes its
+// own head's, and P V adds each head's V with the other heads' rows of P zeroed, into
+// one accumulator.
 template <typename T, typename KV, int D, class Tiles>
 __device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
                                                  const decode::DecodeBlock& blk, Tiles& tiles,
@@ -220,6 +225,7 @@ __device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
   using decode_sm80::kWarps;
   using Tc = decode_sm80::Compute<T, KV>;  // mma operand type
   constexpr bool kFp8 = sizeof(KV) == 1;
+  constexpr int kHeads = Tiles::kHeads;
   constexpr int kTileW = D * int(sizeof(KV)) / 2;       // tile row width in 16-bit units
   constexpr int kDT = D / 8;                             // n8 tiles of O
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -243,13 +249,15 @@ __device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
   // fragments (rows past total_rows are zeros; their results are never written): cols
   // 16kk + 2t, +1 and 16kk + 8 + 2t, +1; over fp8 caches the permuted head dim's
   // 16kk + 4t, +1 and 16kk + 4t + 2, +3 (the K fragments' order).
-  int pos[2];
+  int pos[2], head_of[2];  // head_of: the row's head among the block's kHeads
   float slope2[2];
   uint32_t qa[D / 16][4];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    const int r = g + 8 * hf, row = min(r, total_rows - 1);
-    const int h = hk * group + row % group;
+    const int r = g + 8 * hf, r_all = min(r, kHeads * total_rows - 1);
+    head_of[hf] = r_all / total_rows;
+    const int row = r_all % total_rows;  // the row among its head's
+    const int h = (hk + head_of[hf]) * group + row % group;
     pos[hf] = row / group + s.offset;
     slope2[hf] = (p.alibi_slopes ? p.alibi_slopes[h] : 0.f) * kLog2e;
     const uint32_t* qrow = reinterpret_cast<const uint32_t*>(
@@ -257,8 +265,8 @@ __device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int lo = kFp8 ? kk * 8 + 2 * t : kk * 8 + t, hi = kFp8 ? lo + 1 : lo + 4;
-      qa[kk][hf] = r < total_rows ? decode_sm80::as_operand<Tc, T>(qrow[lo]) : 0u;
-      qa[kk][hf + 2] = r < total_rows ? decode_sm80::as_operand<Tc, T>(qrow[hi]) : 0u;
+      qa[kk][hf] = r < kHeads * total_rows ? decode_sm80::as_operand<Tc, T>(qrow[lo]) : 0u;
+      qa[kk][hf + 2] = r < kHeads * total_rows ? decode_sm80::as_operand<Tc, T>(qrow[hi]) : 0u;
     }
   }
 
@@ -267,26 +275,34 @@ __device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
   tiles.start();
   for (int i = 0; i < my_tiles; ++i) {
     const int stage = tiles.acquire(i), key0 = k_lo + (i * kWarps + warp) * kTileKeys;
-    const uint32_t tk = tiles.k_tile(stage), tv = tiles.v_tile(stage);
-
     // S = Q K^T for the 16 keys: per k16 step one ldmatrix.x4 of K, two mma (fp8: per
     // two k16 steps, the 4 fp8 of a register converted to the B fragment's 2 f16 pairs).
-    float sc[2][4] = {};
+    // With several heads, each row keeps its own head's scores.
+    float sc[2][4];
 #pragma unroll
-    for (int kk = 0; kk < kTileW / 16; ++kk) {
-      uint32_t bk[4];  // keys 0..7: {bk0, bk1}; keys 8..15: {bk2, bk3}
-      ldsm_x4(bk, tiles.k_addr(tk, kk));
-      if constexpr (kFp8) {  // bk0 / bk2: dims 32kk .. +15 (step 2kk), bk1 / bk3: the next 16
-        uint32_t b[4][2];
+    for (int head = 0; head < kHeads; ++head) {
+      const uint32_t tk = tiles.k_tile(stage, head);
+      float hs[2][4] = {};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) decode_sm80::fp8x4_to_f16<KV>(bk[j], b[j][0], b[j][1]);
-        mma_16816<Tc>(sc[0], qa[2 * kk], b[0][0], b[0][1]);
-        mma_16816<Tc>(sc[0], qa[2 * kk + 1], b[1][0], b[1][1]);
-        mma_16816<Tc>(sc[1], qa[2 * kk], b[2][0], b[2][1]);
-        mma_16816<Tc>(sc[1], qa[2 * kk + 1], b[3][0], b[3][1]);
-      } else {
-        mma_16816<Tc>(sc[0], qa[kk], bk[0], bk[1]);
-        mma_16816<Tc>(sc[1], qa[kk], bk[2], bk[3]);
+      for (int kk = 0; kk < kTileW / 16; ++kk) {
+        uint32_t bk[4];  // keys 0..7: {bk0, bk1}; keys 8..15: {bk2, bk3}
+        ldsm_x4(bk, tiles.k_addr(tk, kk));
+        if constexpr (kFp8) {  // bk0 / bk2: dims 32kk .. +15 (step 2kk), bk1 / bk3: the next 16
+          uint32_t b[4][2];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) decode_sm80::fp8x4_to_f16<KV>(bk[j], b[j][0], b[j][1]);
+          mma_16816<Tc>(hs[0], qa[2 * kk], b[0][0], b[0][1]);
+          mma_16816<Tc>(hs[0], qa[2 * kk + 1], b[1][0], b[1][1]);
+          mma_16816<Tc>(hs[1], qa[2 * kk], b[2][0], b[2][1]);
+          mma_16816<Tc>(hs[1], qa[2 * kk + 1], b[3][0], b[3][1]);
+        } else {
+          mma_16816<Tc>(hs[0], qa[kk], bk[0], bk[1]);
+          mma_16816<Tc>(hs[1], qa[kk], bk[2], bk[3]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (head == 0 || head_of[(i % 4) / 2] == head) sc[i / 4][i % 4] = hs[i / 4][i % 4];
       }
     }
     // Scores in base 2 (c0, c1: row g, c2, c3: row g + 8; keys 8 nt + 2t + e): softcap
@@ -368,24 +384,35 @@ __device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
         for (int i = 0; i < 4; ++i) o[dt][i] *= corr[i / 2];
       }
     }
-    // O += P V: the S fragments of keys 0..7 and 8..15, rounded to T, are P's A fragment.
-    const uint32_t pa[4] = {pack2<Tc>(sc[0][0], sc[0][1]), pack2<Tc>(sc[0][2], sc[0][3]),
-                            pack2<Tc>(sc[1][0], sc[1][1]), pack2<Tc>(sc[1][2], sc[1][3])};
+    // O += P V: the S fragments of keys 0..7 and 8..15, rounded to T, are P's A fragment
+    // (a lane's registers 0, 2 hold row g, 1, 3 row g + 8); with several heads, one P V
+    // per head, the other heads' rows zeroed.
+    const uint32_t p_all[4] = {pack2<Tc>(sc[0][0], sc[0][1]), pack2<Tc>(sc[0][2], sc[0][3]),
+                               pack2<Tc>(sc[1][0], sc[1][1]), pack2<Tc>(sc[1][2], sc[1][3])};
 #pragma unroll
-    for (int dd = 0; dd < kTileW / 16; ++dd) {
-      uint32_t bv[4];  // units 16dd + 0..7: {bv0, bv1}; 16dd + 8..15: {bv2, bv3}
-      ldsm_x4_trans(bv, tiles.v_addr(tv, dd));
-      if constexpr (kFp8) {  // a unit is a dim pair: even and odd dims are n8 tiles of their own
-        uint32_t even[4], odd[4];
+    for (int head = 0; head < kHeads; ++head) {
+      const uint32_t tv = tiles.v_tile(stage, head);
+      uint32_t pa[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) decode_sm80::fp8_pairs_to_f16<KV>(bv[j], even[j], odd[j]);
-        mma_16816<Tc>(o[4 * dd], pa, even[0], even[1]);
-        mma_16816<Tc>(o[4 * dd + 1], pa, odd[0], odd[1]);
-        mma_16816<Tc>(o[4 * dd + 2], pa, even[2], even[3]);
-        mma_16816<Tc>(o[4 * dd + 3], pa, odd[2], odd[3]);
-      } else {
-        mma_16816<Tc>(o[2 * dd], pa, bv[0], bv[1]);
-        mma_16816<Tc>(o[2 * dd + 1], pa, bv[2], bv[3]);
+      for (int j = 0; j < 4; ++j) {
+        pa[j] = kHeads == 1 || head_of[j % 2] == head ? p_all[j] : 0u;
+      }
+#pragma unroll
+      for (int dd = 0; dd < kTileW / 16; ++dd) {
+        uint32_t bv[4];  // units 16dd + 0..7: {bv0, bv1}; 16dd + 8..15: {bv2, bv3}
+        ldsm_x4_trans(bv, tiles.v_addr(tv, dd));
+        if constexpr (kFp8) {  // a unit is a dim pair: even and odd dims are n8 tiles of their own
+          uint32_t even[4], odd[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) decode_sm80::fp8_pairs_to_f16<KV>(bv[j], even[j], odd[j]);
+          mma_16816<Tc>(o[4 * dd], pa, even[0], even[1]);
+          mma_16816<Tc>(o[4 * dd + 1], pa, odd[0], odd[1]);
+          mma_16816<Tc>(o[4 * dd + 2], pa, even[2], even[3]);
+          mma_16816<Tc>(o[4 * dd + 3], pa, odd[2], odd[3]);
+        } else {
+          mma_16816<Tc>(o[2 * dd], pa, bv[0], bv[1]);
+          mma_16816<Tc>(o[2 * dd + 1], pa, bv[2], bv[3]);
+        }
       }
     }
     tiles.release();
@@ -418,9 +445,10 @@ __device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < total_rows * D; idx += blockDim.x) {
-    decode::write_merged<T, D, kWarps>(a, s, hk, split, decode_sm80::kRows, idx / D, idx / D,
-                                       idx % D, s_m, s_l, s_o, vs);
+  for (int idx = threadIdx.x; idx < kHeads * total_rows * D; idx += blockDim.x) {
+    const int r = idx / D;  // row r of the tile: row r % total_rows of head hk + r / total_rows
+    decode::write_merged<T, D, kWarps>(a, s, hk + r / total_rows, split, decode_sm80::kRows, r,
+                                       r % total_rows, idx % D, s_m, s_l, s_o, vs);
   }
 }
 

@@ -156,23 +156,49 @@ XLA_ATTN_HOST_DEVICE constexpr bool covers(int d, int cache_bytes) {
   return d * cache_bytes == 64 || d * cache_bytes == 128 || d * cache_bytes == 256;
 }
 
+// kv heads one block reads together, so that a key's bytes there are 256 contiguous
+// (as a 16-bit d128 row): 2 for rows of 128 bytes (fp8 d128, 16-bit d64), 4 for 64
+// (fp8 d64). A block per kv head of an fp8 d128 cache reads 128-byte pieces 1 KB apart;
+// the read probe (tools/probe_decode_reads.py, B=64, bs16, pages in random order) on an
+// H100 read that at 2702 / 2829 GB/s (L=4096 / 32768; 3 splits, 3 blocks an SM), and
+// 256-byte pieces at 2921-2952 / 3024-3041. The kernel's m16 tile holds the heads'
+// query rows (2 x 4 at GQA 4), so the kernel takes spans of 16 / heads rows a head.
+XLA_ATTN_HOST_DEVICE constexpr int heads_together(int d, int cache_bytes) {
+  return d * cache_bytes < 256 ? 256 / (d * cache_bytes) : 1;
+}
+
+// Stages of a warp's pipeline: decode_sm80's for a head; for heads together, whose
+// tiles are those of a 16-bit d128 head, 3 as there.
+XLA_ATTN_HOST_DEVICE constexpr int stages(int cache_bytes, int heads) {
+  return heads > 1 ? 3 : decode_sm80::stages(cache_bytes);
+}
+
 // Shared memory: 1 KB of slack to align the tiles to the 128-byte swizzle's 1 KB
-// period, the warps' K and V stages (decode_sm80's sizes), one 8-byte barrier per
-// warp and stage. d128: 97.1 KB at 16 bits, 65.1 KB fp8: 2 and 3 blocks an SM, as
-// decode_sm80, so the split plans (and the workspace) are decode_sm80's.
+// period, the warps' K and V stages (each `heads` [16][row] tiles, one per kv head),
+// one 8-byte barrier per warp and stage. d128: 97.1 KB at 16 bits, 65.1 KB fp8 (2 and 3
+// blocks an SM, as decode_sm80, whose split plans and workspace the one-head kernel
+// shares); heads together 97.1 KB, 2 blocks an SM.
 constexpr int kAlign = 1024;
-XLA_ATTN_HOST_DEVICE constexpr int tiles_bytes(int d, int cache_bytes) {
-  return decode_sm80::kWarps * decode_sm80::stages(cache_bytes) * 2 *
+XLA_ATTN_HOST_DEVICE constexpr int tiles_bytes(int d, int cache_bytes, int heads) {
+  return decode_sm80::kWarps * stages(cache_bytes, heads) * 2 * heads *
          decode_sm80::stage_bytes(d, cache_bytes);
 }
-XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int cache_bytes) {
-  return kAlign + tiles_bytes(d, cache_bytes) +
-         decode_sm80::kWarps * decode_sm80::stages(cache_bytes) * 8;
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int cache_bytes, int heads) {
+  return kAlign + tiles_bytes(d, cache_bytes, heads) +
+         decode_sm80::kWarps * stages(cache_bytes, heads) * 8;
 }
-static_assert(228 * 1024 / (smem_bytes(128, 2) + 1024) ==
-                      decode_sm80::resident_blocks(128, 2) &&
-                  228 * 1024 / (smem_bytes(128, 1) + 1024) ==
-                      decode_sm80::resident_blocks(128, 1),
+XLA_ATTN_HOST_DEVICE constexpr int resident_blocks(int d, int cache_bytes, int heads) {
+  return 228 * 1024 / (smem_bytes(d, cache_bytes, heads) + 1024) < 4
+             ? 228 * 1024 / (smem_bytes(d, cache_bytes, heads) + 1024)
+             : 4;
+}
+static_assert(resident_blocks(128, 2, 1) == decode_sm80::resident_blocks(128, 2) &&
+                  resident_blocks(128, 1, 1) == decode_sm80::resident_blocks(128, 1) &&
+                  resident_blocks(64, 2, 1) == decode_sm80::resident_blocks(64, 2) &&
+                  resident_blocks(64, 1, 1) == decode_sm80::resident_blocks(64, 1),
               "decode_sm90 must keep decode_sm80's occupancy: they share split plans");
+static_assert(resident_blocks(128, 1, 2) == 2 && resident_blocks(64, 2, 2) == 2 &&
+                  resident_blocks(64, 1, 4) == 2,
+              "the heads-together kernels' occupancy quoted above (their variants' min_blocks)");
 
 }  // namespace xla_attn::decode_sm90

@@ -74,19 +74,42 @@ struct DecodePlan {
   size_t workspace;
 };
 
-enum class DecodeKernel { kFma, kMma };
+// kMma: the tensor-core kernels (cp.async or TMA, a kv head a block); kHeadsTogether:
+// the TMA kernel over decode_sm90::heads_together kv heads a block.
+enum class DecodeKernel { kFma, kMma, kHeadsTogether };
+
+int cache_bytes_of(const xla_attn_paged_attention_params& p) {
+  return is_fp8_dtype(p.cache_dtype) ? 1 : 2;
+}
+
+int heads_together(const xla_attn_paged_attention_params& p) {
+  return decode_sm90::heads_together(p.head_dim, cache_bytes_of(p));
+}
+
+// The heads-together kernel covers this call: rows under 256 bytes, kv heads that group
+// so, and query spans whose rows fit the m16 tile (the caller's max_query_len, else
+// total_q, bounds them), so that it takes every sequence and no flash forward follows.
+bool heads_together_cover(const xla_attn_paged_attention_params& p) {
+  const int group = p.num_heads / std::max(p.num_heads_k, 1);
+  const int heads = heads_together(p);
+  int64_t span = p.total_q;
+  if (p.max_query_len > 0) span = std::min<int64_t>(span, p.max_query_len);
+  return heads > 1 && p.num_heads_k % heads == 0 && span * group * heads <= decode_sm80::kRows;
+}
 
 DecodePlan decode_plan(const xla_attn_paged_attention_params& p, DecodeKernel kernel) {
   const int group = p.num_heads / std::max(p.num_heads_k, 1);
   DecodePlan plan{decode::rows_per_block(group), decode::max_query_span(group), 1, 0};
-  const int64_t blocks = std::max<int64_t>(1, int64_t(p.max_num_seqs) * p.num_heads_k);
+  const int heads = kernel == DecodeKernel::kHeadsTogether ? heads_together(p) : 1;
+  const int64_t blocks = std::max<int64_t>(1, int64_t(p.max_num_seqs) * p.num_heads_k / heads);
   const int64_t max_k = int64_t(p.max_blocks_per_seq) * p.block_size;
-  if (kernel == DecodeKernel::kMma) {
+  if (kernel != DecodeKernel::kFma) {
     namespace t = decode_sm80;
     const int64_t by_keys = std::clamp<int64_t>(max_k / t::kMinKeysPerSplit, 1, t::kMaxSplits);
-    const int cache_bytes = is_fp8_dtype(p.cache_dtype) ? 1 : 2;
-    const int64_t slots = int64_t(t::kReferenceSms) * t::resident_blocks(p.head_dim, cache_bytes);
+    const int64_t slots = int64_t(t::kReferenceSms) *
+                          decode_sm90::resident_blocks(p.head_dim, cache_bytes_of(p), heads);
     plan.splits = t::wave_splits(blocks, slots, int(by_keys));
+    if (heads > 1) plan.max_q = decode_sm80::kRows / heads / group;
   } else {  // enough blocks for the reference GPU, each split >= kMinKeysPerSplit keys
     const int64_t want = (decode::kTargetBlocks + blocks - 1) / blocks;
     const int64_t by_keys = std::max<int64_t>(1, max_k / decode::kMinKeysPerSplit);
@@ -107,22 +130,23 @@ struct DecodeChoice {
   const dispatch::VariantEntry* variant = nullptr;
   size_t smem = 0;
   bool tma = false;
+  int heads = 1;  // kv heads a block (> 1: the heads-together kernel)
   sm90::TensorMap k_map, v_map;
 };
 
 // One cache as decode_sm90's 5-d view (paged/decode_tiles.h):
-// [num_blocks][num_heads_k][parts][block_size][part], boxes of one kv head's 16 keys.
+// [num_blocks][num_heads_k][parts][block_size][part], boxes of `heads` kv heads' 16 keys.
 std::string encode_cache(sm90::TensorMap* map, const void* cache,
-                         const xla_attn_paged_attention_params& p) {
-  const int eb = is_fp8_dtype(p.cache_dtype) ? 1 : 2;
+                         const xla_attn_paged_attention_params& p, int heads) {
+  const int eb = cache_bytes_of(p);
   const uint64_t row = uint64_t(p.head_dim) * eb;
   const uint32_t part = uint32_t(decode_sm90::part_bytes(p.head_dim, eb));
   const uint64_t dims[5] = {part / eb, uint64_t(p.block_size), row / part,
                             uint64_t(p.num_heads_k), uint64_t(p.num_blocks)};
   const uint64_t strides[4] = {p.num_heads_k * row, part, row,
                                uint64_t(p.block_size) * p.num_heads_k * row};
-  const uint32_t box[5] = {part / eb, uint32_t(decode_sm80::kTileKeys), uint32_t(row / part), 1,
-                           1};
+  const uint32_t box[5] = {part / eb, uint32_t(decode_sm80::kTileKeys), uint32_t(row / part),
+                           uint32_t(heads), 1};
   // L2 fetches as wide as a row (64-256 bytes): the row is all the block reads there.
   // Measured on an H100 (bench decode, bf16 and fp8 e4m3): the same as no promotion
   // within run-to-run spread, except bf16 bs64 L=4096 (2855 against 2592 GB/s).
@@ -139,19 +163,24 @@ DecodeChoice decode_variant(const xla_attn_paged_attention_params& p, int arch) 
   DecodeChoice c;
   if (!aligned16(p.key_cache) || !aligned16(p.value_cache)) return c;
   const int group = p.num_heads / std::max(p.num_heads_k, 1);
-  const int cache_bytes = is_fp8_dtype(p.cache_dtype) ? 1 : 2;
+  const int cache_bytes = cache_bytes_of(p);
   std::string unused;
   // sm_90 only (TMA): below it select() would only scan the table and build a no-match
   // message, on every call.
   if (arch >= 90 && group <= decode_sm80::kRows && p.block_size % decode_sm80::kTileKeys == 0 &&
       decode_sm90::covers(p.head_dim, cache_bytes) && p.num_blocks > 0) {
-    c.variant = dispatch::select({"paged_decode_tma", p.q_dtype, p.cache_dtype, p.head_dim,
-                                  features_of(p), arch}, &unused);
-    if (c.variant && encode_cache(&c.k_map, p.key_cache, p).empty() &&
-        encode_cache(&c.v_map, p.value_cache, p).empty()) {
-      c.smem = size_t(decode_sm90::smem_bytes(p.head_dim, cache_bytes));
-      c.tma = true;
-      return c;
+    for (const int heads : {heads_together(p), 1}) {
+      if (heads > 1 && !heads_together_cover(p)) continue;
+      c.variant = dispatch::select({heads > 1 ? "paged_decode_tma_heads" : "paged_decode_tma",
+                                    p.q_dtype, p.cache_dtype, p.head_dim, features_of(p), arch},
+                                   &unused);
+      if (c.variant && encode_cache(&c.k_map, p.key_cache, p, heads).empty() &&
+          encode_cache(&c.v_map, p.value_cache, p, heads).empty()) {
+        c.smem = size_t(decode_sm90::smem_bytes(p.head_dim, cache_bytes, heads));
+        c.tma = true;
+        c.heads = heads;
+        return c;
+      }
     }
   }
   if (group <= decode_sm80::kRows) {
@@ -167,8 +196,12 @@ DecodeChoice decode_variant(const xla_attn_paged_attention_params& p, int arch) 
   return c;
 }
 
-bool is_mma(const dispatch::VariantEntry& v) {
-  return std::strcmp(v.op, "paged_decode_mma") == 0 || std::strcmp(v.op, "paged_decode_tma") == 0;
+DecodeKernel kernel_of(const DecodeChoice& c) {
+  if (!c.variant) return DecodeKernel::kFma;
+  if (c.heads > 1) return DecodeKernel::kHeadsTogether;
+  const bool mma = std::strcmp(c.variant->op, "paged_decode_mma") == 0 ||
+                   std::strcmp(c.variant->op, "paged_decode_tma") == 0;
+  return mma ? DecodeKernel::kMma : DecodeKernel::kFma;
 }
 
 // Launches decode kernel `c` (and its split merge) under `plan`.
@@ -176,8 +209,8 @@ std::string launch_decode(const xla_attn_paged_attention_params& p, const Decode
                           const DecodePlan& plan, bool no_flash_follows, int arch,
                           cudaStream_t stream) {
   const decode::Args args{p, plan.splits, plan.max_q, no_flash_follows ? 1 : 0};
-  // (splits, kv heads, sequences + 1 block row that zeroes the padding queries)
-  const dim3 grid(plan.splits, p.num_heads_k, p.max_num_seqs + 1);
+  // (splits, kv heads (pairs), sequences + 1 block row that zeroes the padding queries)
+  const dim3 grid(plan.splits, p.num_heads_k / c.heads, p.max_num_seqs + 1);
   std::string error;
   if (c.tma) {
     const decode_sm90::Args tma_args{args, c.k_map, c.v_map};
@@ -200,6 +233,9 @@ std::string launch_decode(const xla_attn_paged_attention_params& p, const Decode
 size_t workspace_size(const xla_attn_paged_attention_params& p) {
   return std::max({decode_plan(p, DecodeKernel::kFma).workspace,
                    decode_plan(p, DecodeKernel::kMma).workspace,
+                   heads_together_cover(p)
+                       ? decode_plan(p, DecodeKernel::kHeadsTogether).workspace
+                       : 0,
                    workspace_size(as_flash(p))});
 }
 
@@ -212,8 +248,7 @@ std::string launch_cuda(const xla_attn_paged_attention_params& p, cudaStream_t s
   if (arch < 0) return error;
   const DecodeChoice choice = decode_variant(p, arch);
   const dispatch::VariantEntry* v = choice.variant;
-  const DecodePlan plan =
-      decode_plan(p, v && is_mma(*v) ? DecodeKernel::kMma : DecodeKernel::kFma);
+  const DecodePlan plan = decode_plan(p, kernel_of(choice));
   // Query counts are device data: unless no sequence can exceed the decode kernel's
   // span (total_q, or the caller's max_query_len, says so), the flash forward runs
   // too and takes the longer ones (chunked prefill).

@@ -43,7 +43,8 @@ def info(as_json: bool = False) -> int:
                 ("reshape_and_cache_flash", ("reshape_and_cache_flash",), "bfloat16", "bfloat16"),
                 ("flash_attn_varlen", ("flash_fwd",), "bfloat16", "bfloat16"),
                 ("flash backward", ("flash_bwd_dkdv",), "bfloat16", "bfloat16"),
-                ("paged_attention decode", ("paged_decode_tma", "paged_decode_mma", "paged_decode_r4"), "bfloat16",
+                ("paged_attention decode", ("paged_decode_tma_heads", "paged_decode_tma", "paged_decode_mma",
+                                            "paged_decode_r4"), "bfloat16",
                  "float8_e4m3fn"),
                 ("paged_attention prefill", ("flash_fwd",), "bfloat16", "float8_e4m3fn")):
             for op in ops:

@@ -704,12 +704,14 @@ def test_paged_attention_decode_tma(gpu_device, rng, mk, monkeypatch, cache, dim
     onto its family with max_query_len=1, no other kernel may run, so a call it did not
     take fails. GQA groups of 4 and 8, contexts from 1 to 20000 keys (the long one split
     and merged), partial last tiles whose unwritten slots hold NaN / inf bits, a window
-    that starts inside a tile, every cache format it covers."""
+    that starts inside a tile, every cache format it covers. Rows under 256 bytes take the
+    kernel that reads kv heads together where they group (2 and 4 kv heads: pairs of
+    128-byte rows, fours of 64), the one-head kernel where they do not (3)."""
     if float(getattr(gpu_device, "compute_capability", "0")) < 9.0:
         pytest.skip("the Hopper decode kernel needs sm_90")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "decode_sm90")
     qdtype = "float16" if cache == "float16" else "bfloat16"
-    for heads, heads_k in ((8, 2), (16, 2)):
+    for heads, heads_k in ((8, 2), (16, 2), (12, 3), (16, 4)):
         seq_lens = np.array([300, 1, 64, 17, 999, 20000, 45], np.int32)
         qsl = mk.cu_seqlens(np.ones(len(seq_lens), np.int32))
         k, v, table = mk.paged_kv(rng, "float32", seq_lens, block_size, heads_k=heads_k,
@@ -730,6 +732,38 @@ def test_paged_attention_decode_tma(gpu_device, rng, mk, monkeypatch, cache, dim
         exp = ref.paged_attention_ref(query, k, v, seq_lens, table, qsl, 0.1, **scales, **kw)
         ref.assert_attention_close(out, exp, qdtype, valid_rows=len(seq_lens))
         assert np.all(out[len(seq_lens):] == 0)
+
+
+@pytest.mark.parametrize("cache, dim, heads, heads_k", [
+    ("float8_e4m3fn", 128, 16, 4), ("bfloat16", 64, 16, 4), ("float8_e5m2", 128, 16, 4),
+    ("float8_e4m3fn", 64, 16, 8)])
+def test_paged_attention_decode_heads_together_two_token_spans(gpu_device, rng, mk,
+                                                               monkeypatch, cache, dim,
+                                                               heads, heads_k):
+    """The kernel that reads kv heads together, with spans of up to 2 query tokens (2
+    heads x GQA 4 x 2 tokens, or 4 heads x GQA 2 x 2 tokens: the m16 tile full): rows of
+    every head and token land in their own places, the causal offset holds per token,
+    and sequences with one token sit next to them. Splits (20000 keys) and NaN in
+    unwritten slots included."""
+    if float(getattr(gpu_device, "compute_capability", "0")) < 9.0:
+        pytest.skip("the Hopper decode kernel needs sm_90")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "decode_sm90")
+    seq_lens = np.array([300, 2, 64, 20000, 45], np.int32)
+    qsl = mk.cu_seqlens(np.array([2, 2, 1, 2, 1], np.int32))
+    k, v, table = mk.paged_kv(rng, "float32", seq_lens, 16, heads_k=heads_k, head_dim=dim)
+    scales = {}
+    if cache.startswith("float8"):
+        k, v = (k * 3).astype(mk.np_dtype(cache)), (v / 2).astype(mk.np_dtype(cache))
+        scales = dict(k_scale=np.float32(1 / 3), v_scale=np.float32(2.0))
+    else:
+        k, v = k.astype(mk.np_dtype(cache)), v.astype(mk.np_dtype(cache))
+    _poison_tails(rng, mk, k, v, seq_lens, table, cache)
+    query = mk.random_array(rng, (int(qsl[-1]) + 2, heads, dim), "bfloat16")
+    kw = dict(soft_cap=20.0, alibi_slopes=mk.alibi(rng, heads) / 8)
+    out = _paged_on(gpu_device, query, k, v, seq_lens, table, qsl, scales, max_query_len=2, **kw)
+    exp = ref.paged_attention_ref(query, k, v, seq_lens, table, qsl, 0.1, **scales, **kw)
+    ref.assert_attention_close(out, exp, "bfloat16", valid_rows=int(qsl[-1]))
+    assert np.all(out[int(qsl[-1]):] == 0)
 
 
 def test_split_kv_long_context(family, gpu_device, rng, mk):
