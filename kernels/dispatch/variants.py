@@ -389,17 +389,23 @@ def _paged_decode_mma_variants():
                       template=f"xla_attn::paged_decode_sm90<{types}>",
                       params="xla_attn::decode_sm90::Args", priority=10, **same)
         # Rows under 256 bytes: a block reads 256 // row bytes kv heads together
-        # (decode_tiles.h's heads_together). Their own op: a call takes them only when
-        # its kv heads group so and its spans fit 16 / heads rows a head.
+        # (decode_tiles.h's heads_together; 3 stages, 2 blocks an SM), in both families.
+        # Their own ops: a call takes them only when its kv heads group so and its spans
+        # fit 16 / heads rows a head.
         row_bytes = d * (1 if kv.startswith("f8") else 2)
         if row_bytes < 256:
             heads = 256 // row_bytes
+            together = dict(same, min_blocks=2)
+            yield Variant(op="paged_decode_mma_heads", family="decode",
+                          module="paged_decode_sm80",
+                          kernel=f"xla_attn_paged_decode_sm80_{q}_{kv}_d{d}_kv{heads}",
+                          template=f"xla_attn::paged_decode_sm80<{types}, {heads}>",
+                          params="xla_attn::decode::Args", **together)
             yield Variant(op="paged_decode_tma_heads", family="decode_sm90",
                           module="paged_decode_sm90",
                           kernel=f"xla_attn_paged_decode_sm90_{q}_{kv}_d{d}_kv{heads}",
                           template=f"xla_attn::paged_decode_sm90<{types}, {heads}>",
-                          params="xla_attn::decode_sm90::Args", priority=10,
-                          **dict(same, min_blocks=2))
+                          params="xla_attn::decode_sm90::Args", priority=10, **together)
     # Its split merge (decode.cuh's), so that XLA_ATTN_FORCE_FAMILY=decode_sm90 covers splits.
     for q, d in itertools.product(("f16", "bf16"), (64, 128)):
         yield Variant(

@@ -88,26 +88,34 @@ namespace decode_sm80 {
 // the physical rows of its keys. The kernel body (paged_decode_mma) asks a tile source
 // for: count(), start(), acquire(i) (tile i landed; the next one issued), the stage's
 // K and V shared addresses and their ldmatrix lane addresses, present(stage, jl, key)
-// (the key has a cache row), release() and drain().
-template <typename KV, int D>
+// (the key has a cache row), release() and drain(). kHeads kv heads (heads_together):
+// a stage holds each head's tile, one after the other (kHeadBytes apart).
+template <typename KV, int D, int kHeads_ = 1>
 struct CpAsyncTiles {
-  static constexpr int kHeads = 1;  // kv heads a block reads
+  static constexpr int kHeads = kHeads_;  // kv heads a block reads
   using LdsmLane = sm80::LdsmLane<D * int(sizeof(KV)) / 2>;
-  static constexpr int kStages = stages(int(sizeof(KV)));
+  static constexpr int kStages = stages(int(sizeof(KV)), kHeads);
   static constexpr int kTileW = D * int(sizeof(KV)) / 2;   // tile row width in 16-bit units
   static constexpr int kChunks = D * int(sizeof(KV)) / 16;  // 16-byte chunks per cache row
-  static constexpr int kLoads = kTileKeys * kChunks / 32;   // cp.async per lane per tile
-  static constexpr int kStageBytes = stage_bytes(D, int(sizeof(KV)));
+  static constexpr int kLoads = kHeads * kTileKeys * kChunks / 32;  // cp.async a lane and tile
+  static constexpr int kHeadBytes = stage_bytes(D, int(sizeof(KV)));  // a head's tile
+  static constexpr int kStageBytes = kHeads * kHeadBytes;
   static_assert(kTileKeys * kChunks % 32 == 0, "a tile must spread evenly over a warp");
   static_assert(32 % kChunks == 0, "a lane's chunks must share a column");
+  static_assert(kHeads == 1 || kHeads == heads_together(D, int(sizeof(KV))),
+                "heads together make 256-byte key rows");
+  // A lane's chunk `it` is of row cp_r0 + it * kRowStep of the heads' rows stacked
+  // ([kHeads][16]): head it * kRowStep / 16, since cp_r0 < kRowStep and kRowStep | 16.
   static constexpr int kRowStep = 32 / kChunks;
+  static_assert(kTileKeys % kRowStep == 0, "a lane's chunk rows must not straddle heads");
 
   KeyRows keys;  // the block's fields by value: held by reference they were reloaded and
                  // recomputed (the block table's shift) on every lookup
   int b, k_lo, k_hi, warp, lane, my_tiles;
   uint32_t sK, sV;  // shared addresses of stage 0's K and V tiles
   int* sRow;        // [kStages][kTileKeys] physical rows, -1: none
-  const KV* kc_col;  // this lane's column of kv head hk's K and V rows (+ row * kv_stride)
+  const KV* kc_col;  // this lane's column of kv head hk's K and V rows (+ row * kv_stride;
+                     // head hk + j: + j * D)
   const KV* vc_col;
   int64_t kv_stride;
   int cp_r0;
@@ -121,7 +129,7 @@ struct CpAsyncTiles {
       : keys(blk.keys), b(blk.b), k_lo(blk.k_lo), k_hi(blk.k_hi), warp(warp_), lane(lane_),
         my_tiles(tiles > warp_ ? (tiles - warp_ + kWarps - 1) / kWarps : 0),
         lds_k(LdsmLane::b_operand(lane_)), lds_v(LdsmLane::a_operand(lane_)) {
-    unsigned char* mine = smem + warp * warp_smem_bytes(D, int(sizeof(KV)));
+    unsigned char* mine = smem + warp * warp_smem_bytes(D, int(sizeof(KV)), kHeads);
     sK = sm80::smem_addr(mine);
     sV = sK + kStages * kStageBytes;
     sRow = reinterpret_cast<int*>(mine + 2 * kStages * kStageBytes);
@@ -131,7 +139,8 @@ struct CpAsyncTiles {
     cp_r0 = lane / kChunks;
 #pragma unroll
     for (int it = 0; it < kLoads; ++it) {
-      cp_dst[it] = 2u * uint32_t(sm80::swz<kTileW>(cp_r0 + it * kRowStep, cp_c));
+      const int head = it * kRowStep / kTileKeys, r = cp_r0 + it * kRowStep % kTileKeys;
+      cp_dst[it] = uint32_t(head * kHeadBytes) + 2u * uint32_t(sm80::swz<kTileW>(r, cp_c));
     }
     const int64_t col = int64_t(blk.hk) * D + cp_c * 16 / int(sizeof(KV));
     kc_col = static_cast<const KV*>(p.key_cache) + col;
@@ -165,8 +174,9 @@ struct CpAsyncTiles {
     const uint32_t tv = sV + uint32_t(stage * kStageBytes);
 #pragma unroll
     for (int it = 0; it < kLoads; ++it) {
-      const int row = __shfl_sync(0xffffffffu, row_of_lane, cp_r0 + it * kRowStep);
-      const int64_t at = int64_t(max(row, 0)) * kv_stride;
+      const int head = it * kRowStep / kTileKeys;
+      const int row = __shfl_sync(0xffffffffu, row_of_lane, cp_r0 + it * kRowStep % kTileKeys);
+      const int64_t at = int64_t(max(row, 0)) * kv_stride + head * D;
       sm80::cp_async_16_or_zero(tk + cp_dst[it], kc_col + at, row >= 0);
       sm80::cp_async_16_or_zero(tv + cp_dst[it], vc_col + at, row >= 0);
     }
@@ -191,11 +201,12 @@ struct CpAsyncTiles {
     return i % kStages;
   }
 
-  __device__ __forceinline__ uint32_t k_tile(int stage, int /*head*/ = 0) const {
-    return sK + uint32_t(stage * kStageBytes);
+  // Head `head` of the block's kv heads in the stage's K and V tiles.
+  __device__ __forceinline__ uint32_t k_tile(int stage, int head = 0) const {
+    return sK + uint32_t(stage * kStageBytes + head * kHeadBytes);
   }
-  __device__ __forceinline__ uint32_t v_tile(int stage, int /*head*/ = 0) const {
-    return sV + uint32_t(stage * kStageBytes);
+  __device__ __forceinline__ uint32_t v_tile(int stage, int head = 0) const {
+    return sV + uint32_t(stage * kStageBytes + head * kHeadBytes);
   }
   // ldmatrix lane addresses of k-step kk (16 units) of the K tile, of the V tile.
   __device__ __forceinline__ uint32_t k_addr(uint32_t tk, int kk) const { return lds_k(tk, 0, kk); }
@@ -452,15 +463,15 @@ __device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
   }
 }
 
-template <typename T, typename KV, int D>
+template <typename T, typename KV, int D, int kHeads = 1>
 __device__ void paged_decode_sm80(const decode::Args& a) {
   using decode_sm80::kTileKeys;
   extern __shared__ __align__(128) unsigned char smem[];
   decode::DecodeBlock blk;
-  if (!blk.locate<T>(a, kTileKeys)) return;  // the split's share in whole tiles
+  if (!blk.locate<T>(a, kTileKeys, 1, kHeads)) return;  // the split's share in whole tiles
   const int tiles = (blk.k_hi - blk.k_lo + kTileKeys - 1) / kTileKeys;
-  decode_sm80::CpAsyncTiles<KV, D> source(a.p, blk, smem, threadIdx.x / 32, threadIdx.x % 32,
-                                          tiles);
+  decode_sm80::CpAsyncTiles<KV, D, kHeads> source(a.p, blk, smem, threadIdx.x / 32,
+                                                  threadIdx.x % 32, tiles);
   paged_decode_mma<T, KV, D>(a, blk, source, smem);
 }
 

@@ -20,7 +20,7 @@
 // units, so the ldmatrix addressing is LdsmLane's on each part.
 //
 // Rows under 256 bytes (fp8 d128, 16-bit d64, fp8 d64): paged_decode_sm90<..., kHeads>
-// reads decode_tiles.h's heads_together kv heads a block, one box of all of them a
+// reads decode_sm80::heads_together kv heads a block, one box of all of them a
 // tile, their query rows sharing the m16 tile. A key's bytes there are 256 contiguous,
 // as a 16-bit d128 row, where a block per head read pieces of 64-128 bytes 512 B-1 KB
 // apart. H100, B=64, bs16, GB/s of the cache read, L=4096 / 32768 (one head a block ->
@@ -38,14 +38,14 @@
 namespace xla_attn {
 namespace decode_sm90 {
 
-// kHeads kv heads (decode_tiles.h's heads_together): a box holds each head's
+// kHeads kv heads (decode_sm80::heads_together): a box holds each head's
 // [parts][16][part] tile, one after the other (kHeadBytes apart).
 template <typename KV, int D, int kHeads_>
 struct TmaTiles {
   static constexpr int kHeads = kHeads_;
   static constexpr int kWarps = decode_sm80::kWarps;
   static constexpr int kTileKeys = decode_sm80::kTileKeys;
-  static constexpr int kStages = stages(int(sizeof(KV)), kHeads);
+  static constexpr int kStages = decode_sm80::stages(int(sizeof(KV)), kHeads);
   static constexpr int kRowBytes = D * int(sizeof(KV));
   static constexpr int kPartBytes = part_bytes(D, int(sizeof(KV)));
   static constexpr int kPartW = kPartBytes / 2;                // part width in 16-bit units
@@ -54,7 +54,7 @@ struct TmaTiles {
   static constexpr int kHeadBytes = kTileKeys * kRowBytes;  // a head's tile
   static constexpr int kTileBytes = kHeads * kHeadBytes;    // a stage's K (or V) tile
   static_assert(covers(D, int(sizeof(KV))), "rows of 64, 128 or 256 bytes");
-  static_assert(kHeads == 1 || kHeads == heads_together(D, int(sizeof(KV))),
+  static_assert(kHeads == 1 || kHeads == decode_sm80::heads_together(D, int(sizeof(KV))),
                 "heads together make 256-byte key rows");
   static_assert(kHeadBytes % kAlign == 0 || kPartBytes == 64,
                 "128-byte swizzled tiles must start on the swizzle's 1 KB period");

@@ -67,6 +67,17 @@ namespace xla_attn::decode_sm80 {
 constexpr int kWarps = 4;
 constexpr int kTileKeys = 16;  // keys per warp tile: one k16 step of P V
 constexpr int kRows = 16;      // query rows a block holds: one m16 tile
+// kv heads one block reads together, so that a key's bytes there are 256 contiguous
+// (as a 16-bit d128 row): 2 for rows of 128 bytes (fp8 d128, 16-bit d64), 4 for 64
+// (fp8 d64). A block per kv head of an fp8 d128 cache reads 128-byte pieces 1 KB apart;
+// the read probe (tools/probe_decode_reads.py, B=64, bs16, pages in random order) on an
+// H100 read that at 2702 / 2829 GB/s (L=4096 / 32768; 3 splits, 3 blocks an SM), and
+// 256-byte pieces at 2921-2952 / 3024-3041. The kernels' m16 tile holds the heads'
+// query rows (2 x 4 at GQA 4), so they take spans of 16 / heads rows a head.
+XLA_ATTN_HOST_DEVICE constexpr int heads_together(int d, int cache_bytes) {
+  return d * cache_bytes < 256 ? 256 / (d * cache_bytes) : 1;
+}
+
 // Stages of a warp's tile pipeline: tiles t + 1 .. t + stages - 1 are in flight while
 // tile t is computed. 16-bit caches: 3 stages, 2 x 8 KB in flight per warp at d128, at
 // 2 blocks an SM 128 KB per SM, several times what Little's law asks for at 3 TB/s
@@ -74,36 +85,43 @@ constexpr int kRows = 16;      // query rows a block holds: one m16 tile
 // SM had 32 KB in flight, 1.4x the need, and read at 71 % of the copy rate. 4 stages
 // take 66.5 KB a block at d128, so 3 blocks an SM fit (166 registers), 144 KB in
 // flight; 5 stages would fit only 2 blocks (83 KB) for 128 KB.
-XLA_ATTN_HOST_DEVICE constexpr int stages(int cache_bytes) { return cache_bytes == 1 ? 4 : 3; }
+// Heads together: a stage is a 16-bit d128 tile's bytes, so 3 stages as there.
+XLA_ATTN_HOST_DEVICE constexpr int stages(int cache_bytes, int heads = 1) {
+  return heads > 1 || cache_bytes == 2 ? 3 : 4;
+}
 
-// Shared memory: per warp, the stages' K and V tiles as stored (16 rows of D cache
-// elements, swizzled; fp8 rows as rows of D / 2 16-bit pairs, which the ldmatrix reads
-// and registers convert), then the physical rows of each stage; the warp merge at the
-// end reuses it all. d128: 96.8 KB a block for 16-bit caches, 66.5 KB for fp8 (both
-// fit the 99 KB every sm_8x allows a block after opting in).
+// Shared memory: per warp, the stages' K and V tiles as stored (per kv head 16 rows of D
+// cache elements, swizzled; fp8 rows as rows of D / 2 16-bit pairs, which the ldmatrix
+// reads and registers convert), then the physical rows of each stage; the warp merge at
+// the end reuses it all. d128: 96.8 KB a block for 16-bit caches, 66.5 KB for fp8; heads
+// together 96.8 KB (all fit the 99 KB every sm_8x allows a block after opting in).
 XLA_ATTN_HOST_DEVICE constexpr int tile_elems(int d) { return kTileKeys * d; }
 XLA_ATTN_HOST_DEVICE constexpr int stage_bytes(int d, int cache_bytes) {
   return tile_elems(d) * cache_bytes;
 }
-XLA_ATTN_HOST_DEVICE constexpr int warp_smem_bytes(int d, int cache_bytes) {
-  return stages(cache_bytes) * (2 * stage_bytes(d, cache_bytes) + kTileKeys * 4);
+XLA_ATTN_HOST_DEVICE constexpr int warp_smem_bytes(int d, int cache_bytes, int heads = 1) {
+  return stages(cache_bytes, heads) * (2 * heads * stage_bytes(d, cache_bytes) + kTileKeys * 4);
 }
-XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int cache_bytes) {
-  return kWarps * warp_smem_bytes(d, cache_bytes);
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int cache_bytes, int heads = 1) {
+  return kWarps * warp_smem_bytes(d, cache_bytes, heads);
 }
-static_assert(smem_bytes(128, 2) <= 99 * 1024 && smem_bytes(128, 1) <= 99 * 1024,
-              "decode_sm80 d128 exceeds sm_86/89's 99 KB");
+static_assert(smem_bytes(128, 2) <= 99 * 1024 && smem_bytes(128, 1) <= 99 * 1024 &&
+                  smem_bytes(128, 1, 2) <= 99 * 1024 && smem_bytes(64, 2, 2) <= 99 * 1024 &&
+                  smem_bytes(64, 1, 4) <= 99 * 1024,
+              "decode_sm80 exceeds sm_86/89's 99 KB");
 
 // Blocks resident on an SM (an H100's 228 KB of shared memory, 1 KB of it reserved per
 // block): d128 16-bit 2, fp8 3; the d64 kernels (107-114 registers) stop at 4 by
 // registers. A constant of shapes, not of the device, so the workspace is too.
-XLA_ATTN_HOST_DEVICE constexpr int resident_blocks(int d, int cache_bytes) {
-  return 228 * 1024 / (smem_bytes(d, cache_bytes) + 1024) < 4
-             ? 228 * 1024 / (smem_bytes(d, cache_bytes) + 1024)
+XLA_ATTN_HOST_DEVICE constexpr int resident_blocks(int d, int cache_bytes, int heads = 1) {
+  return 228 * 1024 / (smem_bytes(d, cache_bytes, heads) + 1024) < 4
+             ? 228 * 1024 / (smem_bytes(d, cache_bytes, heads) + 1024)
              : 4;
 }
-static_assert(resident_blocks(128, 2) == 2 && resident_blocks(128, 1) == 3,
-              "the d128 occupancy quoted above (and the variants' min_blocks)");
+static_assert(resident_blocks(128, 2) == 2 && resident_blocks(128, 1) == 3 &&
+                  resident_blocks(128, 1, 2) == 2 && resident_blocks(64, 2, 2) == 2 &&
+                  resident_blocks(64, 1, 4) == 2,
+              "the occupancy quoted above (and the variants' min_blocks)");
 constexpr int kReferenceSms = 132;  // an H100 SXM
 constexpr int kMinKeysPerSplit = kWarps * kTileKeys;  // one tile per warp
 constexpr int kMaxSplits = 128;
@@ -156,23 +174,6 @@ XLA_ATTN_HOST_DEVICE constexpr bool covers(int d, int cache_bytes) {
   return d * cache_bytes == 64 || d * cache_bytes == 128 || d * cache_bytes == 256;
 }
 
-// kv heads one block reads together, so that a key's bytes there are 256 contiguous
-// (as a 16-bit d128 row): 2 for rows of 128 bytes (fp8 d128, 16-bit d64), 4 for 64
-// (fp8 d64). A block per kv head of an fp8 d128 cache reads 128-byte pieces 1 KB apart;
-// the read probe (tools/probe_decode_reads.py, B=64, bs16, pages in random order) on an
-// H100 read that at 2702 / 2829 GB/s (L=4096 / 32768; 3 splits, 3 blocks an SM), and
-// 256-byte pieces at 2921-2952 / 3024-3041. The kernel's m16 tile holds the heads'
-// query rows (2 x 4 at GQA 4), so the kernel takes spans of 16 / heads rows a head.
-XLA_ATTN_HOST_DEVICE constexpr int heads_together(int d, int cache_bytes) {
-  return d * cache_bytes < 256 ? 256 / (d * cache_bytes) : 1;
-}
-
-// Stages of a warp's pipeline: decode_sm80's for a head; for heads together, whose
-// tiles are those of a 16-bit d128 head, 3 as there.
-XLA_ATTN_HOST_DEVICE constexpr int stages(int cache_bytes, int heads) {
-  return heads > 1 ? 3 : decode_sm80::stages(cache_bytes);
-}
-
 // Shared memory: 1 KB of slack to align the tiles to the 128-byte swizzle's 1 KB
 // period, the warps' K and V stages (each `heads` [16][row] tiles, one per kv head),
 // one 8-byte barrier per warp and stage. d128: 97.1 KB at 16 bits, 65.1 KB fp8 (2 and 3
@@ -180,12 +181,12 @@ XLA_ATTN_HOST_DEVICE constexpr int stages(int cache_bytes, int heads) {
 // shares); heads together 97.1 KB, 2 blocks an SM.
 constexpr int kAlign = 1024;
 XLA_ATTN_HOST_DEVICE constexpr int tiles_bytes(int d, int cache_bytes, int heads) {
-  return decode_sm80::kWarps * stages(cache_bytes, heads) * 2 * heads *
+  return decode_sm80::kWarps * decode_sm80::stages(cache_bytes, heads) * 2 * heads *
          decode_sm80::stage_bytes(d, cache_bytes);
 }
 XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int cache_bytes, int heads) {
   return kAlign + tiles_bytes(d, cache_bytes, heads) +
-         decode_sm80::kWarps * stages(cache_bytes, heads) * 8;
+         decode_sm80::kWarps * decode_sm80::stages(cache_bytes, heads) * 8;
 }
 XLA_ATTN_HOST_DEVICE constexpr int resident_blocks(int d, int cache_bytes, int heads) {
   return 228 * 1024 / (smem_bytes(d, cache_bytes, heads) + 1024) < 4

@@ -75,7 +75,7 @@ struct DecodePlan {
 };
 
 // kMma: the tensor-core kernels (cp.async or TMA, a kv head a block); kHeadsTogether:
-// the TMA kernel over decode_sm90::heads_together kv heads a block.
+// the same over decode_sm80::heads_together kv heads a block.
 enum class DecodeKernel { kFma, kMma, kHeadsTogether };
 
 int cache_bytes_of(const xla_attn_paged_attention_params& p) {
@@ -83,7 +83,7 @@ int cache_bytes_of(const xla_attn_paged_attention_params& p) {
 }
 
 int heads_together(const xla_attn_paged_attention_params& p) {
-  return decode_sm90::heads_together(p.head_dim, cache_bytes_of(p));
+  return decode_sm80::heads_together(p.head_dim, cache_bytes_of(p));
 }
 
 // The heads-together kernel covers this call: rows under 256 bytes, kv heads that group
@@ -106,8 +106,9 @@ DecodePlan decode_plan(const xla_attn_paged_attention_params& p, DecodeKernel ke
   if (kernel != DecodeKernel::kFma) {
     namespace t = decode_sm80;
     const int64_t by_keys = std::clamp<int64_t>(max_k / t::kMinKeysPerSplit, 1, t::kMaxSplits);
-    const int64_t slots = int64_t(t::kReferenceSms) *
-                          decode_sm90::resident_blocks(p.head_dim, cache_bytes_of(p), heads);
+    // decode_sm90's occupancy is decode_sm80's (decode_tiles.h asserts it)
+    const int64_t slots =
+        int64_t(t::kReferenceSms) * t::resident_blocks(p.head_dim, cache_bytes_of(p), heads);
     plan.splits = t::wave_splits(blocks, slots, int(by_keys));
     if (heads > 1) plan.max_q = decode_sm80::kRows / heads / group;
   } else {  // enough blocks for the reference GPU, each split >= kMinKeysPerSplit keys
@@ -154,26 +155,42 @@ std::string encode_cache(sm90::TensorMap* map, const void* cache,
   return dispatch::encode_tiled(map, cache, eb, 5, dims, strides, box, int(part), l2);
 }
 
+// kv heads a block, in the order the launcher tries them: heads together where that
+// kernel covers the call, then one. Returns how many.
+int head_options(const xla_attn_paged_attention_params& p, int* options) {
+  int n = 0;
+  if (heads_together_cover(p)) options[n++] = heads_together(p);
+  options[n++] = 1;
+  return n;
+}
+
+const dispatch::VariantEntry* select_decode(const xla_attn_paged_attention_params& p, int arch,
+                                            const char* op) {
+  std::string unused;
+  return dispatch::select({op, p.q_dtype, p.cache_dtype, p.head_dim, features_of(p), arch},
+                          &unused);
+}
+
 // The decode kernel for this call: the Hopper one (sm_90+, a block size that is a
 // multiple of its 16-key tiles, rows of 64-256 bytes, tensor maps that encode), else the
-// tensor-core one where it covers the call (16-bit caches, sm_80+, a GQA group of at
-// most 16 heads: its rows are one m16 tile), else the FMA one; none when no kernel
-// covers it or the caches are not 16-byte aligned.
+// tensor-core one where it covers the call (16-bit and fp8 caches, sm_80+, a GQA group
+// of at most 16 heads: its rows are one m16 tile), each over kv heads together first
+// where that covers the call; else the FMA one; none when no kernel covers it or the
+// caches are not 16-byte aligned.
 DecodeChoice decode_variant(const xla_attn_paged_attention_params& p, int arch) {
   DecodeChoice c;
   if (!aligned16(p.key_cache) || !aligned16(p.value_cache)) return c;
   const int group = p.num_heads / std::max(p.num_heads_k, 1);
   const int cache_bytes = cache_bytes_of(p);
-  std::string unused;
+  int options[2];
+  const int n_options = head_options(p, options);
   // sm_90 only (TMA): below it select() would only scan the table and build a no-match
   // message, on every call.
   if (arch >= 90 && group <= decode_sm80::kRows && p.block_size % decode_sm80::kTileKeys == 0 &&
       decode_sm90::covers(p.head_dim, cache_bytes) && p.num_blocks > 0) {
-    for (const int heads : {heads_together(p), 1}) {
-      if (heads > 1 && !heads_together_cover(p)) continue;
-      c.variant = dispatch::select({heads > 1 ? "paged_decode_tma_heads" : "paged_decode_tma",
-                                    p.q_dtype, p.cache_dtype, p.head_dim, features_of(p), arch},
-                                   &unused);
+    for (int i = 0; i < n_options; ++i) {
+      const int heads = options[i];
+      c.variant = select_decode(p, arch, heads > 1 ? "paged_decode_tma_heads" : "paged_decode_tma");
       if (c.variant && encode_cache(&c.k_map, p.key_cache, p, heads).empty() &&
           encode_cache(&c.v_map, p.value_cache, p, heads).empty()) {
         c.smem = size_t(decode_sm90::smem_bytes(p.head_dim, cache_bytes, heads));
@@ -184,15 +201,18 @@ DecodeChoice decode_variant(const xla_attn_paged_attention_params& p, int arch) 
     }
   }
   if (group <= decode_sm80::kRows) {
-    c.variant = dispatch::select({"paged_decode_mma", p.q_dtype, p.cache_dtype, p.head_dim,
-                                  features_of(p), arch}, &unused);
-    c.smem = size_t(decode_sm80::smem_bytes(p.head_dim, cache_bytes));
-    if (c.variant) return c;
+    for (int i = 0; i < n_options; ++i) {
+      const int heads = options[i];
+      c.variant = select_decode(p, arch, heads > 1 ? "paged_decode_mma_heads" : "paged_decode_mma");
+      if (c.variant) {
+        c.smem = size_t(decode_sm80::smem_bytes(p.head_dim, cache_bytes, heads));
+        c.heads = heads;
+        return c;
+      }
+    }
   }
-  c.smem = 0;
   const std::string fma_op = "paged_decode_r" + std::to_string(decode::rows_per_block(group));
-  c.variant = dispatch::select({fma_op.c_str(), p.q_dtype, p.cache_dtype, p.head_dim,
-                                features_of(p), arch}, &unused);
+  c.variant = select_decode(p, arch, fma_op.c_str());
   return c;
 }
 
@@ -200,7 +220,7 @@ DecodeKernel kernel_of(const DecodeChoice& c) {
   if (!c.variant) return DecodeKernel::kFma;
   if (c.heads > 1) return DecodeKernel::kHeadsTogether;
   const bool mma = std::strcmp(c.variant->op, "paged_decode_mma") == 0 ||
-                   std::strcmp(c.variant->op, "paged_decode_tma") == 0;
+                   std::strcmp(c.variant->op, "paged_decode_tma") == 0;  // one head a block
   return mma ? DecodeKernel::kMma : DecodeKernel::kFma;
 }
 

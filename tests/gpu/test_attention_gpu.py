@@ -734,20 +734,22 @@ def test_paged_attention_decode_tma(gpu_device, rng, mk, monkeypatch, cache, dim
         assert np.all(out[len(seq_lens):] == 0)
 
 
+@pytest.mark.parametrize("family_name, min_cc", [("decode_sm90", 9.0), ("decode", 8.0)])
 @pytest.mark.parametrize("cache, dim, heads, heads_k", [
     ("float8_e4m3fn", 128, 16, 4), ("bfloat16", 64, 16, 4), ("float8_e5m2", 128, 16, 4),
     ("float8_e4m3fn", 64, 16, 8)])
 def test_paged_attention_decode_heads_together_two_token_spans(gpu_device, rng, mk,
                                                                monkeypatch, cache, dim,
-                                                               heads, heads_k):
-    """The kernel that reads kv heads together, with spans of up to 2 query tokens (2
-    heads x GQA 4 x 2 tokens, or 4 heads x GQA 2 x 2 tokens: the m16 tile full): rows of
-    every head and token land in their own places, the causal offset holds per token,
-    and sequences with one token sit next to them. Splits (20000 keys) and NaN in
-    unwritten slots included."""
-    if float(getattr(gpu_device, "compute_capability", "0")) < 9.0:
-        pytest.skip("the Hopper decode kernel needs sm_90")
-    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "decode_sm90")
+                                                               heads, heads_k, family_name,
+                                                               min_cc):
+    """The kernels that read kv heads together (Hopper TMA and sm_80 cp.async), with
+    spans of up to 2 query tokens (2 heads x GQA 4 x 2 tokens, or 4 heads x GQA 2 x 2
+    tokens: the m16 tile full): rows of every head and token land in their own places,
+    the causal offset holds per token, and sequences with one token sit next to them.
+    Splits (20000 keys) and NaN in unwritten slots included."""
+    if float(getattr(gpu_device, "compute_capability", "0")) < min_cc:
+        pytest.skip(f"the {family_name} decode kernels need sm_{int(min_cc * 10)}")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", family_name)
     seq_lens = np.array([300, 2, 64, 20000, 45], np.int32)
     qsl = mk.cu_seqlens(np.array([2, 2, 1, 2, 1], np.int32))
     k, v, table = mk.paged_kv(rng, "float32", seq_lens, 16, heads_k=heads_k, head_dim=dim)
