@@ -694,6 +694,21 @@ def _poison_tails(rng, mk, k, v, seq_lens, table, dtype_name):
                 cache[blk, n % bs:] = mk.random_bits(rng, cache[blk, n % bs:].shape, dtype_name)
 
 
+def _decode_cache(rng, mk, cache, seq_lens, block_size, heads_k, dim):
+    """A paged K/V cache of dtype `cache` for seq_lens (fp8: values scaled into e4m3's
+    range, with the k/v scales that undo it), NaN / inf bits in the unwritten slots."""
+    k, v, table = mk.paged_kv(rng, "float32", seq_lens, block_size, heads_k=heads_k,
+                              head_dim=dim)
+    scales = {}
+    if cache.startswith("float8"):
+        k, v = (k * 3).astype(mk.np_dtype(cache)), (v / 2).astype(mk.np_dtype(cache))
+        scales = dict(k_scale=np.float32(1 / 3), v_scale=np.float32(2.0))
+    else:
+        k, v = k.astype(mk.np_dtype(cache)), v.astype(mk.np_dtype(cache))
+    _poison_tails(rng, mk, k, v, seq_lens, table, cache)
+    return k, v, table, scales
+
+
 @pytest.mark.parametrize("feature", ["plain", "window_softcap_alibi"])
 @pytest.mark.parametrize("block_size", [16, 32, 128])
 @pytest.mark.parametrize("dim", [64, 128])
@@ -714,15 +729,7 @@ def test_paged_attention_decode_tma(gpu_device, rng, mk, monkeypatch, cache, dim
     for heads, heads_k in ((8, 2), (16, 2), (12, 3), (16, 4)):
         seq_lens = np.array([300, 1, 64, 17, 999, 20000, 45], np.int32)
         qsl = mk.cu_seqlens(np.ones(len(seq_lens), np.int32))
-        k, v, table = mk.paged_kv(rng, "float32", seq_lens, block_size, heads_k=heads_k,
-                                  head_dim=dim)
-        scales = {}
-        if cache.startswith("float8"):
-            k, v = (k * 3).astype(mk.np_dtype(cache)), (v / 2).astype(mk.np_dtype(cache))
-            scales = dict(k_scale=np.float32(1 / 3), v_scale=np.float32(2.0))
-        else:
-            k, v = k.astype(mk.np_dtype(cache)), v.astype(mk.np_dtype(cache))
-        _poison_tails(rng, mk, k, v, seq_lens, table, cache)
+        k, v, table, scales = _decode_cache(rng, mk, cache, seq_lens, block_size, heads_k, dim)
         query = mk.random_array(rng, (len(seq_lens) + 2, heads, dim), qdtype)
         kw = {}
         if feature != "plain":
@@ -752,14 +759,7 @@ def test_paged_attention_decode_heads_together_two_token_spans(gpu_device, rng, 
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", family_name)
     seq_lens = np.array([300, 2, 64, 20000, 45], np.int32)
     qsl = mk.cu_seqlens(np.array([2, 2, 1, 2, 1], np.int32))
-    k, v, table = mk.paged_kv(rng, "float32", seq_lens, 16, heads_k=heads_k, head_dim=dim)
-    scales = {}
-    if cache.startswith("float8"):
-        k, v = (k * 3).astype(mk.np_dtype(cache)), (v / 2).astype(mk.np_dtype(cache))
-        scales = dict(k_scale=np.float32(1 / 3), v_scale=np.float32(2.0))
-    else:
-        k, v = k.astype(mk.np_dtype(cache)), v.astype(mk.np_dtype(cache))
-    _poison_tails(rng, mk, k, v, seq_lens, table, cache)
+    k, v, table, scales = _decode_cache(rng, mk, cache, seq_lens, 16, heads_k, dim)
     query = mk.random_array(rng, (int(qsl[-1]) + 2, heads, dim), "bfloat16")
     kw = dict(soft_cap=20.0, alibi_slopes=mk.alibi(rng, heads) / 8)
     out = _paged_on(gpu_device, query, k, v, seq_lens, table, qsl, scales, max_query_len=2, **kw)
