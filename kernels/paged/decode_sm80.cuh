@@ -226,7 +226,9 @@ struct CpAsyncTiles {
 // A source of Tiles::kHeads > 1 kv heads puts their query rows in the m16 tile (row r:
 // head hk + r / total_rows); S is computed against each head's K and each row takes its
 // own head's, and P V adds each head's V with the other heads' rows of P zeroed, into
-// one accumulator.
+// one accumulator. So a NaN or inf in one head's V at a visible key also reaches the
+// other heads' rows of the block (0 x NaN); rows past the keys and absent blocks are
+// zeros in the tiles, as for one head.
 template <typename T, typename KV, int D, class Tiles>
 __device__ __forceinline__ void paged_decode_mma(const decode::Args& a,
                                                  const decode::DecodeBlock& blk, Tiles& tiles,
