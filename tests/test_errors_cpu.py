@@ -193,6 +193,25 @@ def test_decode_kernels_by_arch_and_forced_families(monkeypatch):
         pick("paged_decode_tma", 90)
 
 
+@pytest.mark.parametrize("cache, dim, heads", [("float8_e4m3fn", 128, 2), ("float8_e5m2", 128, 2),
+                                              ("bfloat16", 64, 2), ("float8_e4m3fn", 64, 4)])
+def test_decode_heads_together_where_rows_are_short(monkeypatch, cache, dim, heads):
+    """Rows under 256 bytes have decode kernels that read 256 // row bytes kv heads a
+    block (ops paged_decode_tma_heads on sm_90, paged_decode_mma_heads on sm_80+); rows
+    of 256 bytes have none (they are read whole already)."""
+    monkeypatch.delenv("XLA_ATTN_FORCE_FAMILY", raising=False)
+    short = {"float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2", "bfloat16": "bf16"}[cache]
+    tma = _native.select_variant("paged_decode_tma_heads", "bfloat16", cache, dim, arch=90)
+    assert tma == f"xla_attn_paged_decode_sm90_bf16_{short}_d{dim}_kv{heads}"
+    for arch in (80, 89, 90):
+        mma = _native.select_variant("paged_decode_mma_heads", "bfloat16", cache, dim, arch=arch)
+        assert mma == f"xla_attn_paged_decode_sm80_bf16_{short}_d{dim}_kv{heads}"
+    with pytest.raises(RuntimeError):
+        _native.select_variant("paged_decode_tma_heads", "bfloat16", "bfloat16", 128, arch=90)
+    with pytest.raises(RuntimeError):
+        _native.select_variant("paged_decode_tma_heads", "bfloat16", cache, dim, arch=89)
+
+
 def test_hopper_forward_is_for_sm90_alone(monkeypatch):
     """The wgmma forward (op flash_fwd_tma) is an sm_90a cubin: selected on sm_90 only,
     neither below nor on later archs (its PTX cannot be JIT-compiled for them), and
