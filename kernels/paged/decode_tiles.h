@@ -113,10 +113,11 @@ static_assert(smem_bytes(128, 2) <= 99 * 1024 && smem_bytes(128, 1) <= 99 * 1024
 // Blocks resident on an SM (an H100's 228 KB of shared memory, 1 KB of it reserved per
 // block): d128 16-bit 2, fp8 3; the d64 kernels (107-114 registers) stop at 4 by
 // registers. A constant of shapes, not of the device, so the workspace is too.
+XLA_ATTN_HOST_DEVICE constexpr int blocks_per_sm(int smem) {
+  return 228 * 1024 / (smem + 1024) < 4 ? 228 * 1024 / (smem + 1024) : 4;
+}
 XLA_ATTN_HOST_DEVICE constexpr int resident_blocks(int d, int cache_bytes, int heads = 1) {
-  return 228 * 1024 / (smem_bytes(d, cache_bytes, heads) + 1024) < 4
-             ? 228 * 1024 / (smem_bytes(d, cache_bytes, heads) + 1024)
-             : 4;
+  return blocks_per_sm(smem_bytes(d, cache_bytes, heads));
 }
 static_assert(resident_blocks(128, 2) == 2 && resident_blocks(128, 1) == 3 &&
                   resident_blocks(128, 1, 2) == 2 && resident_blocks(64, 2, 2) == 2 &&
@@ -188,18 +189,16 @@ XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int cache_bytes, int heads)
   return kAlign + tiles_bytes(d, cache_bytes, heads) +
          decode_sm80::kWarps * decode_sm80::stages(cache_bytes, heads) * 8;
 }
-XLA_ATTN_HOST_DEVICE constexpr int resident_blocks(int d, int cache_bytes, int heads) {
-  return 228 * 1024 / (smem_bytes(d, cache_bytes, heads) + 1024) < 4
-             ? 228 * 1024 / (smem_bytes(d, cache_bytes, heads) + 1024)
-             : 4;
+// decode_sm80's occupancy in every variant (2 blocks an SM for heads together): the
+// launcher plans splits by decode_sm80::resident_blocks for both.
+XLA_ATTN_HOST_DEVICE constexpr bool same_occupancy(int d, int cache_bytes, int heads) {
+  return decode_sm80::blocks_per_sm(smem_bytes(d, cache_bytes, heads)) ==
+         decode_sm80::resident_blocks(d, cache_bytes, heads);
 }
-static_assert(resident_blocks(128, 2, 1) == decode_sm80::resident_blocks(128, 2) &&
-                  resident_blocks(128, 1, 1) == decode_sm80::resident_blocks(128, 1) &&
-                  resident_blocks(64, 2, 1) == decode_sm80::resident_blocks(64, 2) &&
-                  resident_blocks(64, 1, 1) == decode_sm80::resident_blocks(64, 1),
+static_assert(same_occupancy(128, 2, 1) && same_occupancy(128, 1, 1) &&
+                  same_occupancy(64, 2, 1) && same_occupancy(64, 1, 1) &&
+                  same_occupancy(128, 1, 2) && same_occupancy(64, 2, 2) &&
+                  same_occupancy(64, 1, 4),
               "decode_sm90 must keep decode_sm80's occupancy: they share split plans");
-static_assert(resident_blocks(128, 1, 2) == 2 && resident_blocks(64, 2, 2) == 2 &&
-                  resident_blocks(64, 1, 4) == 2,
-              "the heads-together kernels' occupancy quoted above (their variants' min_blocks)");
 
 }  // namespace xla_attn::decode_sm90

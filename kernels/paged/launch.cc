@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "common/checks.h"
 #include "common/op.h"
@@ -132,6 +131,7 @@ struct DecodeChoice {
   size_t smem = 0;
   bool tma = false;
   int heads = 1;  // kv heads a block (> 1: the heads-together kernel)
+  DecodeKernel kernel = DecodeKernel::kFma;  // whose split plan the launch follows
   sm90::TensorMap k_map, v_map;
 };
 
@@ -198,6 +198,7 @@ DecodeChoice decode_variant(const xla_attn_paged_attention_params& p, int arch) 
         c.smem = size_t(decode_sm90::smem_bytes(p.head_dim, cache_bytes, heads));
         c.tma = true;
         c.heads = heads;
+        c.kernel = heads > 1 ? DecodeKernel::kHeadsTogether : DecodeKernel::kMma;
         return c;
       }
     }
@@ -209,6 +210,7 @@ DecodeChoice decode_variant(const xla_attn_paged_attention_params& p, int arch) 
       if (c.variant) {
         c.smem = size_t(decode_sm80::smem_bytes(p.head_dim, cache_bytes, heads));
         c.heads = heads;
+        c.kernel = heads > 1 ? DecodeKernel::kHeadsTogether : DecodeKernel::kMma;
         return c;
       }
     }
@@ -216,14 +218,6 @@ DecodeChoice decode_variant(const xla_attn_paged_attention_params& p, int arch) 
   const std::string fma_op = "paged_decode_r" + std::to_string(decode::rows_per_block(group));
   c.variant = select_decode(p, arch, fma_op.c_str());
   return c;
-}
-
-DecodeKernel kernel_of(const DecodeChoice& c) {
-  if (!c.variant) return DecodeKernel::kFma;
-  if (c.heads > 1) return DecodeKernel::kHeadsTogether;
-  const bool mma = std::strcmp(c.variant->op, "paged_decode_mma") == 0 ||
-                   std::strcmp(c.variant->op, "paged_decode_tma") == 0;  // one head a block
-  return mma ? DecodeKernel::kMma : DecodeKernel::kFma;
 }
 
 // Launches decode kernel `c` (and its split merge) under `plan`.
@@ -270,7 +264,7 @@ std::string launch_cuda(const xla_attn_paged_attention_params& p, cudaStream_t s
   if (arch < 0) return error;
   const DecodeChoice choice = decode_variant(p, arch);
   const dispatch::VariantEntry* v = choice.variant;
-  const DecodePlan plan = decode_plan(p, kernel_of(choice));
+  const DecodePlan plan = decode_plan(p, choice.kernel);
   // Query counts are device data: unless no sequence can exceed the decode kernel's
   // span (total_q, or the caller's max_query_len, says so), the flash forward runs
   // too and takes the longer ones (chunked prefill).
