@@ -139,14 +139,16 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     float dk[1][kDT][4] = {}, dv[1][kDT][4] = {};
     float(&dk_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dk);
     float(&dv_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dv);
-    // A tile's lse (consumer threads 0-63) and D (64-127) rows, zeros past i_hi, loaded
+    // A tile's lse (consumer threads 0-63, as -lse log2 e: the exponent's FFMA takes it
+    // as is) and D (64-127) rows, zeros past i_hi, loaded
     // by the consumers a tile ahead into sStat (two buffers) and published by the tile's
     // named barrier: written by the producer and published by the stage's mbarrier,
     // compute-sanitizer's racecheck reported the reads as races with the writes.
     auto load_stat = [&](const BwdTileCursor& c) {
       const int i = i_lo + c.row * kBwdRows + ct % kBwdRows;
       const float* src = ct < kBwdRows ? p.softmax_lse : bwd_delta(p);
-      return i < i_hi ? src[int64_t(hk * group + c.head) * p.total_q + s.q_start + i] : 0.f;
+      const float x = i < i_hi ? src[int64_t(hk * group + c.head) * p.total_q + s.q_start + i] : 0.f;
+      return ct < kBwdRows ? x * -kLog2e : x;
     };
     auto store_stat = [&](int it, float x) {
       if (ct < 2 * kBwdRows) {
@@ -214,10 +216,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       sm90::wgmma_hold(dp_flat);
 
       // P^T and dS^T (times softcap'). Element (nt, 2 hf + e): key n0 + key_w + g + 8 hf,
-      // row i0 + 8 nt + 2t + e. The common tile (every key seen by every row, no softcap,
-      // no ALiBi) takes an FFMA, the exp2, an FADD and an FMUL an element.
+      // row i0 + 8 nt + 2t + e.
       const bool mask = (i0 < full_lo) | (i0 + kBwdRows > full_hi);
-      const bool fast = !mask && !sc_mod.capped && sc_mod.slope == 0.f;
       const uint32_t stat = sStat + uint32_t(it % 2) * kStatBytes;
       // dS^T goes to the warpgroup's buffer (keys x rows, 16-bit) for dQ = dS K: the
       // lane's rows 8 nt + 2t, + 1 of key 16 warp + g (+ 8) at `ds_lane` ^ 16 nt (+ 1 KB):
@@ -229,50 +229,66 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       const uint32_t ds_lane = ds_buf + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) +
                                4u * uint32_t(t);
       uint32_t pa[kSteps][4], da[kSteps][4];
-      // A k-step (two n8 tiles of rows) at a time, so that S^T and dP^T registers die as
-      // their 16-bit fragments are made.
+      // Called with a constant: inlined, each call a copy specialised on it. The common
+      // tile (every key seen by every row, no softcap, no ALiBi) takes an FFMA, the exp2,
+      // an FADD and an FMUL an element; the general copy tests masks, softcap and ALiBi
+      // per element. With the choice made per element inside one copy (before), ptxas
+      // kept both bodies interleaved (~2,000 SASS instructions a tile) and re-derived
+      // the choice into a 32-bit predicate mask (64 LOP3 a tile): on an H100 (d128, S =
+      // 4096) this section took 49 % of the consumers' stall samples, 42 % of them
+      // waiting for instructions to be fetched.
+      auto grads = [&](const bool kFast) {
+        // A k-step (two n8 tiles of rows) at a time, so that S^T and dP^T registers die
+        // as their 16-bit fragments are made.
 #pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) {
+        for (int kk = 0; kk < kSteps; ++kk) {
 #pragma unroll
-        for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt) {
-          const int col = nt * 8 + 2 * t;
-          float2 lse, del;
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                       : "=f"(lse.x), "=f"(lse.y)
-                       : "r"(stat + 4u * uint32_t(col)));
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                       : "=f"(del.x), "=f"(del.y)
-                       : "r"(stat + 4u * uint32_t(kBwdRows + col)));
-          const float lse2[2] = {lse.x * kLog2e, lse.y * kLog2e}, dl[2] = {del.x, del.y};
+          for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt) {
+            const int col = nt * 8 + 2 * t;
+            float2 nlse, del;
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                         : "=f"(nlse.x), "=f"(nlse.y)
+                         : "r"(stat + 4u * uint32_t(col)));
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                         : "=f"(del.x), "=f"(del.y)
+                         : "r"(stat + 4u * uint32_t(kBwdRows + col)));
+            const float nlse2[2] = {nlse.x, nlse.y}, dl[2] = {del.x, del.y};
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int key = n0 + key_w + g + 8 * hf;
+            for (int hf = 0; hf < 2; ++hf) {
+              const int key = n0 + key_w + g + 8 * hf;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& x = stt[0][nt][2 * hf + e];
-              float& d = dpt[0][nt][2 * hf + e];
-              if (fast) {
-                x = fast_exp2(fmaf(x, sc_mod.mul, -lse2[e]));
-                d = x * (d - dl[e]);
-              } else {
-                const int i = i0 + col + e;
-                const int64_t pos = int64_t(i) + s.offset;
-                float grad;
-                float pr = sc_mod.prob(x, pos, key, lse2[e], &grad);
-                if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
-                x = pr;
-                d = pr * (d - dl[e]) * grad;
+              for (int e = 0; e < 2; ++e) {
+                float& x = stt[0][nt][2 * hf + e];
+                float& d = dpt[0][nt][2 * hf + e];
+                if (kFast) {
+                  x = fast_exp2(fmaf(x, sc_mod.mul, nlse2[e]));
+                  d = x * (d - dl[e]);
+                } else {
+                  const int i = i0 + col + e;
+                  const int64_t pos = int64_t(i) + s.offset;
+                  float grad;
+                  float pr = sc_mod.prob(x, pos, key, -nlse2[e], &grad);
+                  if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
+                  x = pr;
+                  d = pr * (d - dl[e]) * grad;
+                }
               }
             }
           }
-        }
-        sm80::accum_to_a<T>(pa[kk], stt[0][2 * kk], stt[0][2 * kk + 1]);
-        sm80::accum_to_a<T>(da[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
+          sm80::accum_to_a<T>(pa[kk], stt[0][2 * kk], stt[0][2 * kk + 1]);
+          sm80::accum_to_a<T>(da[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // da[kk][i]: key + 8 (i odd), rows + 8 (i >= 2)
-          const uint32_t at = (ds_lane + 1024u * uint32_t(i & 1)) ^ (16u * uint32_t(2 * kk + (i >> 1)));
-          asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(da[kk][i]) : "memory");
+          for (int i = 0; i < 4; ++i) {  // da[kk][i]: key + 8 (i odd), rows + 8 (i >= 2)
+            const uint32_t at =
+                (ds_lane + 1024u * uint32_t(i & 1)) ^ (16u * uint32_t(2 * kk + (i >> 1)));
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(da[kk][i]) : "memory");
+          }
         }
+      };
+      if (!mask && !sc_mod.capped && sc_mod.slope == 0.f) {
+        grads(true);
+      } else {
+        grads(false);
       }
       sm90::fence_proxy_async_shared();
 
