@@ -71,6 +71,30 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const TensorMap* map, 
       : "memory");
 }
 
+// Bulk (non-tensor) reduction: adds `bytes` (a multiple of 16) of f32 from shared memory
+// at `src` into global memory at `dst` (both 16-byte aligned), in this thread's current
+// bulk group. The copy engine does the adds in L2, so the issuing warp neither holds
+// registers nor queues per-thread atomics for them.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Waits until at most N of this thread's bulk groups are pending: kRead, until their
+// shared-memory sources have been read (the buffer may be written again); otherwise
+// until they have completed.
+template <int N, bool kRead>
+__device__ __forceinline__ void bulk_wait() {
+  if constexpr (kRead) {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+  }
+}
+
 // Fetches the tensor map into the copy engine's descriptor cache ahead of first use.
 __device__ __forceinline__ void prefetch_tensor_map(const TensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

@@ -36,6 +36,14 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading_by
          uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
 }
 
+// The descriptor of the operand `bytes` (a multiple of 16) further on from `desc`'s: the
+// start address is the descriptor's low 14 bits (>> 4), so adding to it is exact while
+// both stay inside shared memory's 256 KB window. One add a product, where a descriptor
+// built from an address takes five instructions.
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
 // Shared address of 16-byte chunk c of row r in such a tile at `base`: column block c /
 // 8 (`block_bytes` apart), row r (128 bytes), chunk c % 8 swizzled with the row.
 __device__ __forceinline__ uint32_t swizzled_chunk(uint32_t base, uint32_t block_bytes, int r,

@@ -262,12 +262,11 @@ def _flash_fwd_sm90_variants():
 
 def _flash_bwd_sm90_variants():
     # The Hopper dk/dv kernel (kernels/flash/bwd_sm90.cuh) of the atomic-dQ path, f16 and
-    # bf16, the d128 bucket (65-128; sm90_tiles.h says why not d64 or d256): 2. Its own op
-    # (its args carry tensor maps); the sm80 launcher takes it for the dk/dv step where it
-    # covers the call and keeps the sm80 delta and dq-convert kernels around it.
+    # bf16, the d64 and d128 buckets (33-128; sm90_tiles.h says why not d256): 4. Its own
+    # op (its args carry tensor maps); the sm80 launcher takes it for the dk/dv step where
+    # it covers the call and keeps the sm80 delta and dq-convert kernels around it.
     features = ALL_FEATURES & ~FEATURES["fp8"] & ~FEATURES["paged"]
-    for dt in ("f16", "bf16"):
-        lo, hi = SM90_HEAD_BUCKETS[1]
+    for dt, (lo, hi) in itertools.product(("f16", "bf16"), SM90_HEAD_BUCKETS[:2]):
         yield Variant(
             op="flash_bwd_dkdv_tma", family="sm90", module="flash_bwd_sm90",
             kernel=f"xla_attn_flash_bwd_dkdv_sm90_{dt}_d{hi}",

@@ -1,4 +1,4 @@
-// Flash attention backward, sm90 family (sm_90a; f16 and bf16, head dims 65-128): the
+// Flash attention backward, sm90 family (sm_90a; f16 and bf16, head dims 33-128): the
 // dk/dv kernel of the sm80 family's atomic-dQ path (flash/bwd_sm80.cuh) on wgmma, its
 // tiles landed by bulk tensor copies. The sm80 delta (D = dO . O, zeroing the dQ
 // accumulator) and dq-convert kernels run before and after it unchanged: this kernel
@@ -12,9 +12,10 @@
 // - warpgroups 1 and 2, the consumers, 64 keys each: per tile S^T = K Q^T and dP^T = V
 //   dO^T (wgmma, both operands in shared memory), P^T = exp2(S^T - lse) and dS^T = P^T
 //   (dP^T - D) in registers (the sm80 kernel's masks, softcap and ALiBi), dV += P^T dO and
-//   dK += dS^T Q (P^T, dS^T from registers, dO and Q read N-major), and dQ = dS K over
-//   the block's 128 keys, a 64-column block per warpgroup (dS^T through shared memory,
-//   read M-major), added into the accumulator with red.global.add.v4.f32.
+//   dK += dS^T Q (P^T, dS^T from registers, dO and Q read N-major), and dQ = dS K (dS^T
+//   through shared memory, read M-major): at d128 over the block's 128 keys, a 64-column
+//   block per warpgroup; at d64 (one column block) over the warpgroup's own 64 keys, all
+//   columns. Added into the accumulator by bulk reductions from shared memory.
 //
 // Rows the boxes read past a sequence (the next sequence's rows, NaN padding, keys past
 // seqused_k) are zeroed in shared memory before any product reads them: 0 x NaN is NaN.
@@ -51,7 +52,14 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   const xla_attn_flash_bwd_params& p = a.p;
   if (dkdv_padding_block<T>(p)) return;
   constexpr int kColBlocks = D / 64;
-  static_assert(kColBlocks == kConsumerWarpgroups, "dQ: one 64-column block a warpgroup");
+  // dQ = dS K: at d128 warpgroup w takes column block w over all 128 keys (the other
+  // warpgroup's dS^T read from shared memory); at d64 each warpgroup takes the one
+  // column block over its own 64 keys, and both add into the same chunks (twice the
+  // adds of a column split, but no product waits for the other warpgroup's dS^T).
+  constexpr bool kOwnKeysDq = kColBlocks == 1;
+  static_assert(kOwnKeysDq || kColBlocks == kConsumerWarpgroups,
+                "dQ: one 64-column block a warpgroup, or one for all");
+  constexpr int kDqKeys = kOwnKeysDq ? 64 : kBwdKeys;
   constexpr int kNT = kBwdRows / 8;  // n8 tiles of S^T (query rows)
   constexpr int kDT = D / 8;         // n8 tiles of dK, dV
   constexpr int kSteps = kBwdRows / 16;  // k-steps of dV += P^T dO, dK += dS^T Q
@@ -90,7 +98,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
   const uint32_t sK = base, sV = sK + kKV, sQ = sV + kKV, sdO = sQ + kStages * kRows;
   const uint32_t sDs = sdO + kStages * kRows;    // + (tile % 2) * kBwdDsBytes
-  const uint32_t sStat = sDs + 2 * kBwdDsBytes;  // + (tile % 2) * kStatBytes
+  const uint32_t sDq = sDs + 2 * kBwdDsBytes;    // + consumer warp * kBwdDqWarpBytes
+  const uint32_t sStat = sDq + kBwdDqBytes;      // + (tile % 2) * kStatBytes
   const uint32_t bars = sStat + 2 * kStatBytes;
   const uint32_t kv_full = bars;
   auto full = [&](int st) { return bars + 8u * uint32_t(1 + st); };
@@ -195,16 +204,21 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       float stt[1][kNT][4], dpt[1][kNT][4];
       float(&st_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(stt);
       float(&dp_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(dpt);
+      // Descriptors as a base plus constant steps, the bases made anew each tile (an
+      // empty asm hides that they are the same): hoisted out of the loop, ptxas kept a
+      // descriptor a product in registers and spilled them.
+      uint64_t k_desc = sm90::smem_desc(sK + uint32_t(key_wg) * kRowBytes, 16);
+      uint64_t q_desc = sm90::smem_desc(tQ, 16);
+      asm volatile("" : "+l"(k_desc));
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(key_wg) * kRowBytes +
-                            uint32_t(kk % 4) * 32u;
+        const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(kk % 4) * 32u;
         const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
-        sm90::wgmma_ss<kBwdRows, T>(st_flat, sm90::smem_desc(sK + at, 16),
-                                    sm90::smem_desc(tQ + rows_at, 16), kk > 0);
-        sm90::wgmma_ss<kBwdRows, T>(dp_flat, sm90::smem_desc(sV + at, 16),
-                                    sm90::smem_desc(tdO + rows_at, 16), kk > 0);
+        sm90::wgmma_ss<kBwdRows, T>(st_flat, sm90::desc_plus(k_desc, at),
+                                    sm90::desc_plus(q_desc, rows_at), kk > 0);
+        sm90::wgmma_ss<kBwdRows, T>(dp_flat, sm90::desc_plus(k_desc, kKV + at),
+                                    sm90::desc_plus(q_desc, kStages * kRows + rows_at), kk > 0);
       }
       sm90::wgmma_commit();
       // The next tile's lse / D row, while the products run.
@@ -302,42 +316,71 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
         const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
-        sm90::wgmma_rs<D, T>(dv_flat, pa[kk], sm90::smem_desc(tdO + at, kRowsBlock));
-        sm90::wgmma_rs<D, T>(dk_flat, da[kk], sm90::smem_desc(tQ + at, kRowsBlock));
+        const uint64_t rows_desc = sm90::smem_desc(tQ, kRowsBlock);
+        sm90::wgmma_rs<D, T>(dv_flat, pa[kk], sm90::desc_plus(rows_desc, kStages * kRows + at));
+        sm90::wgmma_rs<D, T>(dk_flat, da[kk], sm90::desc_plus(rows_desc, at));
       }
       sm90::wgmma_commit();
       if (it + 1 < tiles) store_stat(it + 1, next_stat);
       sm90::named_barrier(1, 256);  // both warpgroups' dS^T rows (and the next lse / D)
 
-      // dQ = dS K over all 128 keys of the block, warpgroup w taking the 64 columns of
-      // column block w (32 f32 a thread): one red.global.add per dQ element and 128 keys.
-      // Added into the accumulator's chunks: rows 16 warp + g (+ 8) of the tile, columns
-      // 64 w + 8 j + 2t (+ 1). A row chunk wholly past the block's rows adds nothing (it
-      // may be the next sequence's); columns past hd are not added.
+      // dQ = dS K (32 f32 a thread: the tile's 64 rows x 64 columns), added into the
+      // accumulator's chunks: rows 16 warp + g (+ 8) of the tile, columns 64 c + 8 j + 2t
+      // (+ 1) of column block c (d128: c = w; d64: 0). A row chunk wholly past the
+      // block's rows adds nothing (it may be the next sequence's); chunks past hd do
+      // not exist.
+      const int col_block = kOwnKeysDq ? 0 : wg;
+      const uint32_t dq_keys = kOwnKeysDq ? uint32_t(key_wg) * kRowBytes : 0u;
       float dq[32];
+      uint64_t kcol_desc = sm90::smem_desc(sK + uint32_t(col_block) * kKVBlock + dq_keys, 0);
+      asm volatile("" : "+l"(kcol_desc));
+      const uint64_t ds_desc = sm90::smem_desc(ds_buf + dq_keys, 0);
       sm90::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
+      for (int kk = 0; kk < kDqKeys / 16; ++kk) {
         const uint32_t keys_at = uint32_t(16 * kk) * kRowBytes;
-        sm90::wgmma_ss<64, T, true>(dq, sm90::smem_desc(ds_buf + keys_at, 0),
-                                    sm90::smem_desc(sK + wg * kKVBlock + keys_at, 0), kk > 0);
+        sm90::wgmma_ss<64, T, true>(dq, sm90::desc_plus(ds_desc, keys_at),
+                                    sm90::desc_plus(kcol_desc, keys_at), kk > 0);
       }
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(dq);
+      // The last tile's reduction has read the warp's sDq slice (long since: it was
+      // issued a tile ago) before any lane writes it again.
+      if (lane == 0) sm90::bulk_wait<0, true>();
       __syncwarp();  // S^T, dP^T, dV and dK are done with the stage
       if (lane == 0) sm90::mbar_arrive(empty(st));
       if (i_hi - i0 > 16 * warp) {
-        float* const acc_rows = bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
-                                sm80::acc_offset(0, 0, lane);
+        // The warp's chunks go through its slice of sDq in the accumulator's layout
+        // (sm80::acc_offset: a lane's 4 floats of n8 tile j at j * 128 + 4 lane) and one
+        // bulk reduction adds them. With one red.global.add.v4 per 4 floats (before),
+        // the next tile waited for the reds to release their 32 source registers: 17 %
+        // of the consumers' stall samples on an H100 (d128, S = 4096).
+        const int chunks = min(2, sm80::bwd_acc_col_chunks(hd) - 2 * col_block);
+        const uint32_t slice = sDq + uint32_t(ct / 32) * kBwdDqWarpBytes;
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-          if (64 * wg + 32 * u >= hd) continue;
-          const float(&q)[4][4] = reinterpret_cast<const float(&)[4][4]>(dq[16 * u]);
-          sm80::dq_chunk_add(acc_rows + (2 * wg + u) * sm80::kAccChunk, q);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float* q = &dq[16 * u + 4 * j];
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(
+                             slice + 4u * uint32_t(u * sm80::kAccChunk + sm80::acc_offset(j, 0, lane))),
+                         "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3])
+                         : "memory");
+          }
+        }
+        sm90::fence_proxy_async_shared();
+        __syncwarp();
+        if (lane == 0) {
+          float* const acc = bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
+                             2 * col_block * sm80::kAccChunk;
+          sm90::bulk_reduce_add_f32(acc, slice, uint32_t(chunks) * sm80::kAccChunk * 4u);
+          sm90::bulk_commit();
         }
       }
     }
+    // The reductions have completed (and read sDq) before the block may end.
+    if (lane == 0) sm90::bulk_wait<0, false>();
 
     // dK (times the softmax scale) and dV of the warp's 16 keys, staged in the warp's own
     // rows of sK / sV and written as 16-byte chunks of whole rows. Keys [num_k,

@@ -175,7 +175,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
 }
 
 // The sm90 dk/dv kernel (flash/bwd_sm90.cuh) for the atomic-dQ path's middle step
-// where it covers the call: sm_90, 16-bit, head_dim 65-128 and % 8 == 0, 16-byte aligned
+// where it covers the call: sm_90, 16-bit, head_dim 33-128 and % 8 == 0, 16-byte aligned
 // inputs. Returns false (launching nothing) where it does not; `error` is set only when
 // it took the step and the launch failed.
 bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features, int arch,
@@ -202,7 +202,7 @@ bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features,
   }
   const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + kBwdKeys - 1) / kBwdKeys),
                   p.num_heads_k, p.batch + 1);
-  const size_t smem = size_t(flash_sm90::bwd_smem_bytes(128));
+  const size_t smem = size_t(flash_sm90::bwd_smem_bytes(flash_sm90::head_bucket(p.head_dim)));
   *error = dispatch::launch(*v, grid, smem, stream, &args);
   return true;
 }

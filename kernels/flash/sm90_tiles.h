@@ -125,29 +125,31 @@ struct Args {
   int kv_box_rows;
 };
 
-// Backward (flash/bwd_sm90.cuh): the dk/dv kernel of the atomic-dQ path at the d128
-// bucket (65-128). One block = a producer warpgroup and two consumer warpgroups of 64
-// keys each (wgmma's M: S^T = K Q^T, dP^T = V dO^T), so 128 keys a block; tiles of
+// Backward (flash/bwd_sm90.cuh): the dk/dv kernel of the atomic-dQ path at the d64 and
+// d128 buckets (33-128). One block = a producer warpgroup and two consumer warpgroups of
+// 64 keys each (wgmma's M: S^T = K Q^T, dP^T = V dO^T), so 128 keys a block; tiles of
 // kBwdRows query rows of Q, dO (and their lse, D) stream through kStages stages. A
-// consumer thread holds dK and dV (64 f32 each), S^T and dP^T (32 each) and a 64-column
-// block of dQ (32): d256's dK and dV alone would take 256. At the d64 bucket the same
-// design (each warpgroup's dQ over its own 64 keys) ran fwd+bwd 20 % slower than the
-// sm80 backward on an H100 (docs/benchmarks.md, 2026-11-24), so d <= 64 stays there.
+// consumer thread holds dK and dV (D / 2 f32 each), S^T and dP^T (32 each) and 64
+// columns of dQ (32): d256's dK and dV alone would take 256.
 constexpr int kBwdKeys = 64 * kConsumerWarpgroups;
 constexpr int kBwdRows = 64;
 XLA_ATTN_HOST_DEVICE constexpr bool bwd_covers(int head_dim) {
-  return head_dim > 64 && head_dim <= 128;
+  return head_dim > 32 && head_dim <= 128;
 }
 // K and V (kBwdKeys rows), kStages stages of Q and dO (kBwdRows rows), two buffers of the
-// block's dS^T (kBwdKeys keys x kBwdRows rows, 16-bit: one 128-byte row a key), per
-// stage the lse and D floats, then the barriers. d128: 64 + 64 + 32 + 1 KB.
+// block's dS^T (kBwdKeys keys x kBwdRows rows, 16-bit: one 128-byte row a key), the
+// consumer warps' dQ chunks on their way to the accumulator (a warp's 16 rows x 64
+// columns of f32, in the accumulator's chunk layout), per stage the lse and D floats,
+// then the barriers. d128: 64 + 64 + 32 + 32 + 1 KB.
 XLA_ATTN_HOST_DEVICE constexpr int bwd_kv_bytes(int d) { return kBwdKeys * 2 * d; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_rows_bytes(int d) { return kBwdRows * 2 * d; }
 constexpr int kBwdDsBytes = kBwdKeys * kBwdRows * 2;
+constexpr int kBwdDqWarpBytes = 16 * 64 * 4;
+constexpr int kBwdDqBytes = 4 * kConsumerWarpgroups * kBwdDqWarpBytes;
 constexpr int kBwdBarrierBytes = 8 * (1 + 2 * kStages);
 XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
   return kAlign + 2 * bwd_kv_bytes(d) + 2 * kStages * bwd_rows_bytes(d) + 2 * kBwdDsBytes +
-         kStages * 2 * kBwdRows * 4 + kBwdBarrierBytes;
+         kBwdDqBytes + kStages * 2 * kBwdRows * 4 + kBwdBarrierBytes;
 }
 static_assert(bwd_smem_bytes(128) <= 227 * 1024, "the d128 backward tiles exceed 227 KB");
 
