@@ -245,13 +245,30 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       uint32_t pa[kSteps][4], da[kSteps][4];
       // Called with a constant: inlined, each call a copy specialised on it. The common
       // tile (every key seen by every row, no softcap, no ALiBi) takes an FFMA, the exp2,
-      // an FADD and an FMUL an element; the general copy tests masks, softcap and ALiBi
-      // per element. With the choice made per element inside one copy (before), ptxas
-      // kept both bodies interleaved (~2,000 SASS instructions a tile) and re-derived
-      // the choice into a 32-bit predicate mask (64 LOP3 a tile): on an H100 (d128, S =
-      // 4096) this section took 49 % of the consumers' stall samples, 42 % of them
-      // waiting for instructions to be fetched.
-      auto grads = [&](const bool kFast) {
+      // an FADD and an FMUL an element; a masked tile without softcap or ALiBi (causal
+      // and window edges, a sequence's last rows) adds a compare pair and a select; the
+      // general copy tests masks, softcap and ALiBi per element (~20 instructions). With
+      // the choice made per element inside one copy (before), ptxas kept both bodies
+      // interleaved (~2,000 SASS instructions a tile) and re-derived the choice into a
+      // 32-bit predicate mask (64 LOP3 a tile): on an H100 (d128, S = 4096) this section
+      // took 49 % of the consumers' stall samples, 42 % of them waiting for
+      // instructions to be fetched.
+      enum { kGradsFast, kGradsMasked, kGradsGeneral };
+      auto grads = [&](const int kMode) {
+        // kGradsMasked: the rows [lo, hi) of the tile that see each of the lane's two
+        // keys (none past num_k), relative to the lane's first row i0 + 2t, so that
+        // element (nt, e) tests the constant 8 nt + e.
+        int vis_lo[2] = {}, vis_hi[2] = {};
+        if (kMode == kGradsMasked) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int key = n0 + key_w + g + 8 * hf, first_row = i0 + 2 * t;
+            int lo = 0, hi = 0;
+            if (key < s.num_k) win.row_range(key, key, s.offset, i_hi, &lo, &hi);
+            vis_lo[hf] = int(clamp64(lo - first_row, 0, kBwdRows));
+            vis_hi[hf] = int(clamp64(hi - first_row, 0, kBwdRows));
+          }
+        }
         // A k-step (two n8 tiles of rows) at a time, so that S^T and dP^T registers die
         // as their 16-bit fragments are made.
 #pragma unroll
@@ -274,8 +291,13 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
               for (int e = 0; e < 2; ++e) {
                 float& x = stt[0][nt][2 * hf + e];
                 float& d = dpt[0][nt][2 * hf + e];
-                if (kFast) {
+                if (kMode == kGradsFast) {
                   x = fast_exp2(fmaf(x, sc_mod.mul, nlse2[e]));
+                  d = x * (d - dl[e]);
+                } else if (kMode == kGradsMasked) {
+                  const int r = nt * 8 + e;
+                  x = r >= vis_lo[hf] && r < vis_hi[hf] ? fast_exp2(fmaf(x, sc_mod.mul, nlse2[e]))
+                                                        : 0.f;
                   d = x * (d - dl[e]);
                 } else {
                   const int i = i0 + col + e;
@@ -299,10 +321,18 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
           }
         }
       };
-      if (!mask && !sc_mod.capped && sc_mod.slope == 0.f) {
-        grads(true);
+      // The masked copy at d64 only: at d128 its registers made ptxas spill 48 bytes
+      // more, and on an H100 (fwd+bwd, A/B in one session, 2 rounds) causal S = 1024
+      // gained 11 % but full S = 1024 / 16384 lost 9 % / 3 %; at d64 causal gained 2-9 %
+      // and full rows stayed within 3 %.
+      constexpr bool kMaskedCopy = D <= 64;
+      const bool plain = !sc_mod.capped && sc_mod.slope == 0.f;
+      if (!mask && plain) {
+        grads(kGradsFast);
+      } else if (kMaskedCopy && plain) {
+        grads(kGradsMasked);
       } else {
-        grads(false);
+        grads(kGradsGeneral);
       }
       sm90::fence_proxy_async_shared();
 
