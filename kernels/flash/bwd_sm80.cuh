@@ -762,13 +762,9 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm80_block(const xla_attn_flash_b
         for (int m = 0; m < kKM; ++m) {
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
-            // the rows below i_hi that see key `key` (none past num_k), relative to the
-            // lane's first row
-            const int key = n0 + key_w + 16 * m + g + 8 * hf, first = i0 + row_w + 2 * t;
-            int lo = 0, hi = 0;
-            if (key < s.num_k) win.row_range(key, key, s.offset, i_hi, &lo, &hi);
-            vis_lo[m][hf] = int(clamp64(lo - first, 0, kSW));
-            vis_hi[m][hf] = int(clamp64(hi - first, 0, kSW));
+            // relative to the lane's first row
+            win.rows_seeing_key(n0 + key_w + 16 * m + g + 8 * hf, s.num_k, s.offset, i_hi,
+                                i0 + row_w + 2 * t, kSW, &vis_lo[m][hf], &vis_hi[m][hf]);
           }
         }
       }

@@ -262,11 +262,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         if (kMode == kGradsMasked) {
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
-            const int key = n0 + key_w + g + 8 * hf, first_row = i0 + 2 * t;
-            int lo = 0, hi = 0;
-            if (key < s.num_k) win.row_range(key, key, s.offset, i_hi, &lo, &hi);
-            vis_lo[hf] = int(clamp64(lo - first_row, 0, kBwdRows));
-            vis_hi[hf] = int(clamp64(hi - first_row, 0, kBwdRows));
+            win.rows_seeing_key(n0 + key_w + g + 8 * hf, s.num_k, s.offset, i_hi, i0 + 2 * t,
+                                kBwdRows, &vis_lo[hf], &vis_hi[hf]);
           }
         }
         // A k-step (two n8 tiles of rows) at a time, so that S^T and dP^T registers die
@@ -343,10 +340,10 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       sm90::wgmma_hold(pa);
       sm90::wgmma_hold(da);
       sm90::wgmma_fence();
+      const uint64_t rows_desc = sm90::smem_desc(tQ, kRowsBlock);
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
         const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
-        const uint64_t rows_desc = sm90::smem_desc(tQ, kRowsBlock);
         sm90::wgmma_rs<D, T>(dv_flat, pa[kk], sm90::desc_plus(rows_desc, kStages * kRows + at));
         sm90::wgmma_rs<D, T>(dk_flat, da[kk], sm90::desc_plus(rows_desc, at));
       }

@@ -76,6 +76,16 @@ struct Window {
     *lo = int(clamp64(a, 0, num_q));
     *hi = int(clamp64(b, *lo, num_q));
   }
+  // The rows below num_q that see key `key` (none where key >= num_k), relative to row
+  // `first` and clamped to [0, span]: a masked tile's per-key bounds, so that an element
+  // of the tile tests two constants.
+  __device__ __forceinline__ void rows_seeing_key(int key, int num_k, int offset, int num_q,
+                                                  int first, int span, int* lo, int* hi) const {
+    int a = 0, b = 0;
+    if (key < num_k) row_range(key, key, offset, num_q, &a, &b);
+    *lo = int(clamp64(a - first, 0, span));
+    *hi = int(clamp64(b - first, 0, span));
+  }
   // Keys [lo, hi) that every row in [row_lo, row_hi] sees: from the last row's window
   // start to the first row's window end (empty where those cross). A tile inside them
   // needs no element-wise mask.
