@@ -107,6 +107,17 @@ int current_arch(std::string* error) {
   return major * 10 + minor;
 }
 
+int multiprocessors(std::string* error) {
+  int device = 0, count = 0;
+  cudaError_t st = cudaGetDevice(&device);
+  if (st == cudaSuccess) st = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  if (st != cudaSuccess) {
+    *error = std::string("xla_attn: cannot query the current CUDA device: ") + cudaGetErrorString(st);
+    return -1;
+  }
+  return count;
+}
+
 int shared_optin(std::string* error) {
   int device = 0, bytes = 0;
   cudaError_t st = cudaGetDevice(&device);

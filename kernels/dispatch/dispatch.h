@@ -54,6 +54,9 @@ int current_arch(std::string* error);
 // GPUs with less, e.g. sm_86's 99 KB, on larger ones).
 int shared_optin(std::string* error);
 
+// Streaming multiprocessors of the current device, or -1 with error.
+int multiprocessors(std::string* error);
+
 // Loads (once per process) the variant's module and returns its kernel handle.
 cudaKernel_t kernel(const VariantEntry& variant, std::string* error);
 

@@ -223,7 +223,8 @@ SM90_HEAD_BUCKETS = ((33, 64), (65, 128), (129, 256))
 
 def _flash_fwd_sm90_variants():
     # The Hopper forward (kernels/flash/fwd_sm90.cuh), f16 and bf16: 2 x 3, + 2 at d64
-    # (three consumers), + 2 x 3 for paged K/V. Its own ops (flash_fwd_tma...), because
+    # (three consumers), + 2 x 3 for paged K/V, + 2 x 3 persistent walks (d64 with two
+    # and three consumers, d128). Its own ops (flash_fwd_tma...), because
     # it takes its own args (the tensor maps) and only part of flash_fwd's calls (not
     # split, head_dim % 8 == 0, aligned tensors, paged only with 8-row page boxes): the
     # launcher tries it first where those hold and the device is sm_90, and otherwise
@@ -234,26 +235,33 @@ def _flash_fwd_sm90_variants():
         # flash_fwd_tma_m192: 192-row blocks), the launcher choosing by the mask and the
         # sequence length (sm90_tiles.h, wide_d64); paged K/V in an instance of its own
         # (op flash_fwd_tma_paged; fwd_sm90.cuh, kPaged)
+        # (op flash_fwd_tma_paged; fwd_sm90.cuh, kPaged); at d64 and d128 also the
+        # persistent walks (ops ..._walk; fwd_sm90.cuh, kWalk), which the launcher takes
+        # on the shapes where they measured faster
         shapes = [("flash_fwd_tma", 2, ""), ("flash_fwd_tma_paged", 2, "_paged")]
         shapes += [("flash_fwd_tma_m192", 3, "_m192")] if hi == 64 else []
+        shapes += [(op + "_walk", wgs, sfx + "_walk") for op, wgs, sfx in shapes
+                   if hi <= 128 and sfx != "_paged"]
         for op, wgs, suffix in shapes:
-            paged = suffix == "_paged"
+            paged, walk = suffix == "_paged", suffix.endswith("_walk")
             yield Variant(
                 op=op, family="sm90", module="flash_fwd_sm90",
                 kernel=f"xla_attn_flash_fwd_sm90_{dt}_d{hi}{suffix}",
                 template=f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}, {wgs}"
-                         + (", true>" if paged else ">"),
+                         + (", true>" if paged else ", false, true>" if walk else ">"),
                 params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
                 head_dim_max=hi, features=features if paged else features & ~FEATURES["paged"],
                 priority=20, threads=128 * (1 + wgs))
     # fp8 e4m3 (q, k, v; bf16 out), head dims 16-128 in the d128 kernel (sm90_tiles.h,
-    # fp8_covers), and its paged instance: + 2.
-    for op, suffix in (("flash_fwd_tma", ""), ("flash_fwd_tma_paged", "_paged")):
+    # fp8_covers), its paged instance and its walk: + 3.
+    for op, suffix in (("flash_fwd_tma", ""), ("flash_fwd_tma_paged", "_paged"),
+                       ("flash_fwd_tma_walk", "_walk")):
         paged = suffix == "_paged"
         yield Variant(
             op=op, family="sm90", module="flash_fwd_sm90",
             kernel=f"xla_attn_flash_fwd_sm90_f8e4m3_d128{suffix}",
-            template="xla_attn::flash_fwd_sm90<__nv_fp8_e4m3, 128, 2" + (", true>" if paged else ">"),
+            template="xla_attn::flash_fwd_sm90<__nv_fp8_e4m3, 128, 2"
+                     + {"": ">", "_paged": ", true>", "_walk": ", false, true>"}[suffix],
             params="xla_attn::flash_sm90::Args", dtype0="f8e4m3", dtype1="f8e4m3",
             head_dim_min=16, head_dim_max=128,
             features=(features if paged else features & ~FEATURES["paged"]) | FEATURES["fp8"],

@@ -18,13 +18,15 @@ __device__ __forceinline__ float descale(const float* s) {
   return (kSameType<T, __nv_fp8_e4m3> || kSameType<T, __nv_fp8_e5m2>) && s ? *s : 1.f;
 }
 
-// Rows past the last real sequence are padding: out 0, lse +inf (one head per block).
+// Rows past the last real sequence are padding: out 0, lse +inf (one head per block),
+// written by `threads` threads of which this is `thread`.
 template <typename Out>
-__device__ void zero_padding_rows(const xla_attn_flash_fwd_params& p, int h, int n) {
+__device__ void zero_padding_rows(const xla_attn_flash_fwd_params& p, int h, int n, int thread,
+                                  int threads) {
   const int64_t first = clamp64(p.cu_seqlens_q[n], 0, p.total_q);
   const int64_t count = (p.total_q - first) * p.head_dim;
   Out* out = static_cast<Out*>(p.out);
-  for (int64_t idx = threadIdx.x; idx < count; idx += blockDim.x) {
+  for (int64_t idx = thread; idx < count; idx += threads) {
     const int64_t row = first + idx / p.head_dim;
     out[(row * p.num_heads + h) * p.head_dim + idx % p.head_dim] = from_float<Out>(0.f);
     if (p.softmax_lse && idx % p.head_dim == 0) p.softmax_lse[int64_t(h) * p.total_q + row] = XLA_ATTN_INF;
@@ -35,7 +37,9 @@ __device__ void zero_padding_rows(const xla_attn_flash_fwd_params& p, int h, int
 // every forward family: its sequence, rows [m0, m0 + block_m), kv head, and the keys
 // [n_lo, n_hi) of its split that some row can see (tiles outside are never loaded).
 // locate() returns false for a block with nothing to do; the padding block (b ==
-// batch) zeroes the output rows past the last real sequence first.
+// batch) zeroes the output rows past the last real sequence first. A persistent kernel
+// (flash_fwd_sm90) walks such items itself: at() takes the item's coordinates, and
+// `threads` of its threads (0: none) share the padding rows.
 struct FwdBlock {
   Sequence s;
   Window win;
@@ -45,17 +49,27 @@ struct FwdBlock {
   template <typename Out>
   __device__ __forceinline__ bool locate(const xla_attn_flash_fwd_params& p, int block_m,
                                          int block_n) {
+    const int n_splits = p.num_splits > 1 ? p.num_splits : 1;
+    return at<Out>(p, block_m, block_n, int(gridDim.x) / n_splits, int(blockIdx.x) / n_splits,
+                   int(blockIdx.x) % n_splits, blockIdx.y, blockIdx.z, threadIdx.x, blockDim.x);
+  }
+
+  // Row block `x` of `row_blocks` (counted from the last: under a causal mask, bottom-right
+  // aligned, the last rows see the most keys, and starting the longest blocks first leaves
+  // short ones for the last wave instead of long ones), split `sp`, head `head`, sequence
+  // `seq`.
+  template <typename Out>
+  __device__ __forceinline__ bool at(const xla_attn_flash_fwd_params& p, int block_m,
+                                     int block_n, int row_blocks, int x, int sp, int head,
+                                     int seq, int thread, int threads) {
     splits = p.num_splits > 1 ? p.num_splits : 1;
-    // Row blocks in reverse: under a causal mask (bottom-right aligned) the last rows see
-    // the most keys, and starting the longest blocks first leaves short ones for the
-    // last wave instead of long ones.
-    const int m_block = int(gridDim.x) / splits - 1 - int(blockIdx.x) / splits;
-    split = blockIdx.x % splits;
-    h = blockIdx.y;
-    b = blockIdx.z;
+    const int m_block = row_blocks - 1 - x;
+    split = sp;
+    h = head;
+    b = seq;
     const int n = real_batch(p.batch, p.batch_used);
     if (b >= n) {
-      if (b == p.batch && blockIdx.x == 0) zero_padding_rows<Out>(p, h, n);
+      if (b == p.batch && x == 0 && sp == 0 && threads > 0) zero_padding_rows<Out>(p, h, n, thread, threads);
       return false;
     }
     paged = p.block_table != nullptr;

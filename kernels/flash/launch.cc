@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -83,8 +85,8 @@ FwdPlan plan(const xla_attn_flash_fwd_params& p, const FwdTiles& t) {
 }
 
 // `d`: the kernel's head-dim bucket, `eb`: its element bytes (1 for fp8).
-FwdTiles sm90_tiles(int d, int wgs, int eb) {
-  return {flash_sm90::block_m(wgs), size_t(flash_sm90::smem_bytes(d, wgs, eb)),
+FwdTiles sm90_tiles(int d, int wgs, int eb, bool walk) {
+  return {flash_sm90::block_m(wgs), size_t(flash_sm90::smem_bytes(d, wgs, eb, walk)),
           flash_sm90::kTargetBlocks, sm80::kMinKeysPerSplit, sm80::kMaxSplits};
 }
 
@@ -139,22 +141,36 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
       !aligned16(params.q) || !aligned16(params.k) || !aligned16(params.v)) {
     return false;
   }
+  // The persistent walk (ops ..._walk) where it pays (sm90_tiles.h, walks); a block count
+  // in XLA_ATTN_SM90_BLOCKS takes it wherever there is one (tests: a few blocks walking
+  // many items each).
+  const bool counter =
+      params.workspace && size_t(params.workspace_bytes) >= flash_sm90::kItemCounterBytes;
+  int64_t forced_blocks = 0;
+  if (const char* n = std::getenv("XLA_ATTN_SM90_BLOCKS"); n && std::atoll(n) > 0) {
+    forced_blocks = std::atoll(n);
+  }
+  const bool walk = !paged && flash_sm90::has_walk(d) &&
+                    (forced_blocks > 0 || (flash_sm90::walks(d, params.max_seqlen_q) &&
+                                           (counter || params.window_right < 0)));
+  const char* walk_suffix = walk ? "_walk" : "";
   // d64: three consumer warpgroups (op flash_fwd_tma_m192) where they pay (sm90_tiles.h,
   // wide_d64), else two.
   dispatch::Query q = query;
-  std::string unused;
+  std::string unused, op;
   const dispatch::VariantEntry* v = nullptr;
   int wgs = flash_sm90::kConsumerWarpgroups;
   if (!fp8 && !paged && d == 64 &&
       flash_sm90::wide_d64(params.window_right, params.max_seqlen_q)) {
-    q.op = "flash_fwd_tma_m192";
+    q.op = (op = std::string("flash_fwd_tma_m192") + walk_suffix).c_str();
     if ((v = dispatch::select(q, &unused))) wgs = 3;
   }
   if (!v) {
-    q.op = paged ? "flash_fwd_tma_paged" : "flash_fwd_tma";
+    op = std::string(paged ? "flash_fwd_tma_paged" : "flash_fwd_tma") + walk_suffix;
+    q.op = op.c_str();
     if (!(v = dispatch::select(q, &unused))) return false;
   }
-  const FwdTiles tiles = sm90_tiles(d, wgs, eb);
+  const FwdTiles tiles = sm90_tiles(d, wgs, eb, walk);
   const FwdPlan pl = plan(params, tiles);
   if (pl.splits > 1) return false;
   flash_sm90::Args args;
@@ -169,7 +185,30 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                    box, eb).empty()) {
     return false;
   }
-  const dim3 grid(unsigned(pl.row_blocks), params.num_heads, params.batch + 1);
+  // The items (Args): the walk's blocks (one an SM: one block fits an SM) claim them from
+  // a counter in the workspace as they finish one; otherwise one block an item, the grid
+  // (row blocks, heads, batch + 1).
+  const int64_t items = int64_t(pl.row_blocks) * params.num_heads * (int64_t(params.batch) + 1);
+  if (items > INT32_MAX) return false;
+  int64_t blocks = !walk             ? items
+                   : forced_blocks > 0 ? forced_blocks
+                                       : dispatch::multiprocessors(error);
+  if (blocks <= 0) return true;
+  blocks = std::min(blocks, items);
+  args.row_blocks = pl.row_blocks;
+  args.items = int(items);
+  args.item_counter = nullptr;
+  if (walk && counter && blocks < items) {
+    args.item_counter = static_cast<int*>(params.workspace);
+    const cudaError_t st =
+        cudaMemsetAsync(args.item_counter, 0, flash_sm90::kItemCounterBytes, stream);
+    if (st != cudaSuccess) {
+      *error = std::string("flash_fwd: zeroing the item counter failed: ") + cudaGetErrorString(st);
+      return true;
+    }
+  }
+  const dim3 grid = walk ? dim3(unsigned(blocks))
+                        : dim3(unsigned(pl.row_blocks), params.num_heads, params.batch + 1);
   *error = dispatch::launch(*v, grid, tiles.smem, stream, &args);
   return true;
 }
@@ -215,7 +254,8 @@ bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features,
 size_t workspace_size(const xla_attn_flash_fwd_params& p) {
   return std::max({plan(p, portable_tiles(p.head_dim)).workspace,
                    plan(p, sm80_tiles(p.head_dim)).workspace,
-                   plan(p, sm80_tiles(p.head_dim, 1)).workspace});
+                   plan(p, sm80_tiles(p.head_dim, 1)).workspace,
+                   flash_sm90::kItemCounterBytes});  // the sm90 walk's (Args)
 }
 
 std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t stream) {

@@ -81,32 +81,64 @@ constexpr int kTransposeWarps = 3;
 
 // Shared memory, every tile in column blocks of 128-byte rows (64 16-bit or 128 fp8
 // elements; the 128-byte swizzle repeats every 1 KB, so every block starts on a 1 KB
-// boundary): Q (block_m rows), then k_stages K tiles, v_stages V tiles, for fp8
-// vt_stages V^T tiles (V transposed by the producer: fp8 wgmma reads B K-major only, and
-// P V's K is the keys), then the barriers. kAlign of slack aligns the start. d128: 32 +
-// 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's limit on sm_90); fp8 d128: 16 +
-// 11 x 16 KB.
+// boundary): q_buffers(..) Q tiles (block_m rows), then k_stages K tiles, v_stages V
+// tiles, for fp8 vt_stages V^T tiles (V transposed by the producer: fp8 wgmma reads B
+// K-major only, and P V's K is the keys), then the barriers. kAlign of slack aligns the
+// start. d128: 2 x 32 + 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's limit on
+// sm_90); fp8 d128: 2 x 16 + 11 x 16 KB.
 constexpr int kAlign = 1024;
 constexpr int kRowBytes = 128;  // one column block of a row
+constexpr int kSmemLimit = 227 * 1024;
 XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d, int wgs, int eb = 2) {
   return block_m(wgs) * eb * d;
 }
 XLA_ATTN_HOST_DEVICE constexpr int kv_bytes(int d, int eb = 2) { return block_n(d) * eb * d; }
 XLA_ATTN_HOST_DEVICE constexpr int vt_bytes(int d, int eb) { return eb == 1 ? kv_bytes(d, 1) : 0; }
-// q_full, then kMaxStages each of full_k, full_v, empty_k, empty_v and (fp8) full_vt,
+// q_full and q_empty of each Q buffer and the item its Q belongs to (an int in an 8-byte
+// slot), then kMaxStages each of full_k, full_v, empty_k, empty_v and (fp8) full_vt,
 // empty_raw: 8 bytes each.
+constexpr int kMaxQBuffers = 2;
 XLA_ATTN_HOST_DEVICE constexpr int barrier_bytes(int eb) {
-  return 8 * (1 + (eb == 1 ? 6 : 4) * kMaxStages);
+  return 8 * (3 * kMaxQBuffers + (eb == 1 ? 6 : 4) * kMaxStages);
 }
 // Paged K/V (the kPaged instances): each consumer warp's valid bytes of its current tile, one
 // a key (1: its page exists), up to 3 consumer warpgroups.
 XLA_ATTN_HOST_DEVICE constexpr int valid_bytes(int d) { return 3 * 4 * block_n(d); }
-XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb = 2) {
-  return kAlign + q_bytes(d, wgs, eb) + (k_stages(eb) + v_stages(eb)) * kv_bytes(d, eb) +
-         vt_stages(eb) * vt_bytes(d, eb) + barrier_bytes(eb) + valid_bytes(d);
+XLA_ATTN_HOST_DEVICE constexpr int layout_bytes(int d, int wgs, int eb, int q_buffers) {
+  return kAlign + q_buffers * q_bytes(d, wgs, eb) +
+         (k_stages(eb) + v_stages(eb)) * kv_bytes(d, eb) + vt_stages(eb) * vt_bytes(d, eb) +
+         barrier_bytes(eb) + valid_bytes(d);
 }
-static_assert(smem_bytes(256, 2) <= 227 * 1024 && smem_bytes(128, 2, 1) <= 227 * 1024,
+// A block walks several (row block, head, sequence) items where the grid would take
+// more than one wave (a persistent grid, fwd_sm90.cuh): with two Q buffers the producer
+// copies the next item's Q while the consumers still stage the current item's O in
+// theirs. Two wherever they fit (all but d256, whose 64 KB Q tiles do not).
+// One block an item has one (the same shared memory as before the walk: with 32 KB more
+// at d128 the L1 carve-out is smaller).
+XLA_ATTN_HOST_DEVICE constexpr int q_buffers(int d, int wgs, int eb = 2, bool walk = true) {
+  return walk && layout_bytes(d, wgs, eb, kMaxQBuffers) <= kSmemLimit ? kMaxQBuffers : 1;
+}
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb = 2, bool walk = false) {
+  return layout_bytes(d, wgs, eb, q_buffers(d, wgs, eb, walk));
+}
+static_assert(smem_bytes(256, 2) <= kSmemLimit && smem_bytes(128, 2, 1, true) <= kSmemLimit,
               "the d256 (fp8: d128) tiles exceed sm_90's 227 KB a block");
+static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 && q_buffers(128, 2, 1) == 2,
+              "d64 / d128 (16-bit and fp8) are meant to double their Q buffers");
+
+// The persistent walk (fwd_sm90.cuh, kWalk) where it measured faster than one block an
+// item. H100, the same run, bf16, B x S = 16384, S = 512 / 1024 / 2048 / 4096 / 8192 /
+// 16384, walk / one block an item: d64 full 1.23 / 1.16 / 1.12 / 1.09 / 1.09 / 1.07x,
+// causal 1.12 / 1.03 / 1.15 / 1.11 / 1.08 / 1.06x; d128 full 1.08 / 1.01 / 0.98 / 0.95 /
+// 0.92 / 0.93x, causal 1.07 / 1.02 / 0.97 / 0.94 / 0.91 / 0.85x; fp8 d128 full 1.13x at
+// 512, 1.00x at 2048; d256 0.80 - 0.95x (its single Q buffer: no copy ahead). Causal rows
+// need the item counter (Args): without it (no workspace) only rows without a right
+// mask edge, which cost alike.
+constexpr int kWalkMaxRowsD128 = 1024;
+XLA_ATTN_HOST_DEVICE constexpr bool has_walk(int d) { return d <= 128; }
+XLA_ATTN_HOST_DEVICE constexpr bool walks(int d, int max_seqlen_q) {
+  return d == 64 || (d == 128 && max_seqlen_q <= kWalkMaxRowsD128);
+}
 
 // Split-KV is not this family's: where the grid cannot fill the GPU by itself (one
 // block an SM, 132 SMs on an H100), the launcher takes the sm80 family, which splits.
@@ -119,11 +151,22 @@ constexpr int kTargetBlocks = 132;
 // takes block_n / kv_box_rows boxes a column block, each from the page the block table
 // names. The launcher takes paged calls only where that is a multiple of 8 rows, so
 // that each box starts on the 128-byte swizzle's 1 KB period.
+// The items (row block, head, sequence; row blocks fastest, so that the blocks in flight
+// share one or two heads' K / V in L2, and each head's longest row blocks first) number
+// row_blocks x num_heads x (batch + 1, the padding rows' item). Block i takes item i
+// first, then the next unclaimed one: item_counter (zeroed before the launch) counts the
+// claims past the first gridDim.x, so that a block that finishes early takes more (row
+// blocks under a causal mask cost 1 ... row_blocks tiles). Without a counter (no
+// workspace), items i + gridDim.x, i + 2 gridDim.x, ...
 struct Args {
   xla_attn_flash_fwd_params p;
   sm90::TensorMap q_map, k_map, v_map;
   int kv_box_rows;
+  int row_blocks;
+  int items;
+  int* item_counter;
 };
+constexpr size_t kItemCounterBytes = sizeof(int);
 
 // Backward (flash/bwd_sm90.cuh): the dk/dv kernel of the atomic-dQ path at the d64 and
 // d128 buckets (33-128). One block = a producer warpgroup and two consumer warpgroups of

@@ -119,6 +119,17 @@ def test_flash_forward_long(family, gpu_device, rng, mk, dtype, head_dim, featur
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
 
 
+@pytest.fixture(params=["sms", "walk3"])
+def sm90_grid(request, monkeypatch):
+    """The Hopper forward's persistent grid: one block an SM (these shapes have fewer row
+    blocks than an H100 has SMs: one each), or 3 blocks (XLA_ATTN_SM90_BLOCKS), each
+    walking many row blocks of several sequences and heads, so that Q buffers, stage
+    rings and ping-pong turns carry from one to the next."""
+    if request.param == "walk3":
+        monkeypatch.setenv("XLA_ATTN_SM90_BLOCKS", "3")
+    return request.param
+
+
 def _nan_tail_inputs(gpu_device, rng, mk, monkeypatch, dtype, head_dim, families,
                      needs=_is_sm90, why="the sm90 family runs on sm_90 only"):
     """Varlen inputs for the sm90 kernels' boxes (128-row Q, 64/128-key K/V) to read past
@@ -145,7 +156,8 @@ def _nan_tail_inputs(gpu_device, rng, mk, monkeypatch, dtype, head_dim, families
                                      "alibi_batch"])
 @pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_flash_forward_sm90_nan_tails(gpu_device, rng, mk, monkeypatch, dtype, head_dim, feature):
+def test_flash_forward_sm90_nan_tails(gpu_device, sm90_grid, rng, mk, monkeypatch, dtype,
+                                     head_dim, feature):
     """The Hopper forward alone (XLA_ATTN_FORCE_FAMILY=sm90: a call it did not take would
     find no kernel): whole 128-row Q boxes and 64/128-key K/V boxes read past each
     sequence, into the next one and into padding rows holding NaN, as do keys past
@@ -231,8 +243,8 @@ def _paged_nan_inputs(rng, mk, dtype, block_size, head_dim, lens_q, lens_k, sequ
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("block_size", [8, 16, 48, 256])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
-def test_flash_forward_paged_sm90(gpu_device, rng, mk, monkeypatch, dtype, block_size,
-                                  head_dim, feature):
+def test_flash_forward_paged_sm90(gpu_device, sm90_grid, rng, mk, monkeypatch, dtype,
+                                  block_size, head_dim, feature):
     """The Hopper forward over a block table alone (XLA_ATTN_FORCE_FAMILY=sm90): boxes of
     gcd(block_size, block_n) rows from shuffled pages (8: 16 boxes a 128-key tile; 48:
     16-row boxes; 256: whole 128-key tiles), several tiles a sequence, GQA 4, NaN in
@@ -315,8 +327,8 @@ def test_flash_forward_fp8(family, gpu_device, rng, mk):
 @pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap",
                                      "alibi_batch"])
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 128])
-def test_flash_forward_fp8_sm90(gpu_device, rng, mk, monkeypatch, record_property, head_dim,
-                                feature):
+def test_flash_forward_fp8_sm90(gpu_device, sm90_grid, rng, mk, monkeypatch, record_property,
+                                head_dim, feature):
     """The Hopper fp8 forward alone (XLA_ATTN_FORCE_FAMILY=sm90): e4m3 q, k, v with
     descales, bf16 out, head dims 16-128 padded to 128, the NaN-tail layout of the 16-bit
     tests (boxes read past each sequence into NaN padding, keys past seqused_k NaN; the
@@ -641,6 +653,29 @@ def test_paged_attention_alibi(paged_family, gpu_device, rng, mk, cache, spans, 
     plain = ref.paged_attention_ref(query, k, v, lens, table, qsl, 0.1, sliding_window=200,
                                     soft_cap=20.0, num_seqs=num_seqs, **scales)
     assert ref.rel_error(out[:qsl[5]], plain[:qsl[5]]) > 0.05  # the slopes were applied
+
+
+def test_paged_attention_sm90_walk(gpu_device, rng, mk, monkeypatch):
+    """paged_attention on the Hopper forward alone (XLA_ATTN_FORCE_FAMILY=sm90), its row
+    blocks walked by 3 blocks (XLA_ATTN_SM90_BLOCKS): the chunked-prefill mix with
+    num_seqs 5 of 6, whose rows past num_seqs the padding item's consumer threads zero
+    while the producer walks on."""
+    if not _is_sm90(gpu_device):
+        pytest.skip("the sm90 family runs on sm_90 only")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
+    monkeypatch.setenv("XLA_ATTN_SM90_BLOCKS", "3")
+    q_lens, seq_lens = PAGED_SPANS["chunked_prefill"]
+    # 32 heads: 192 row blocks, enough for the launcher not to split the keys (which
+    # the sm90 family does not do)
+    query, k, v, lens, table, qsl, scales = _paged_case(rng, mk, "bfloat16", q_lens, seq_lens,
+                                                        heads=32, heads_k=8)
+    num_seqs = np.array(5, np.int32)
+    out = _paged_on(gpu_device, query, k, v, lens, table, qsl, scales, num_seqs=num_seqs,
+                    sliding_window=200)
+    exp = ref.paged_attention_ref(query, k, v, lens, table, qsl, 0.1, num_seqs=num_seqs,
+                                  sliding_window=200, **scales)
+    ref.assert_attention_close(out, exp, "bfloat16", valid_rows=int(qsl[5]))
+    assert np.all(out[qsl[5]:] == 0)
 
 
 @pytest.mark.parametrize("dim", [128, 256], ids=["mma_d128", "fma_d256"])
