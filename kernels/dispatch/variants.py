@@ -118,6 +118,7 @@ MODULES = (
     Module("paged_decode_sm90", "paged/decode_sm90.cuh", min_arch=90, ptx_archs=("90",)),
     # wgmma and setmaxnreg are sm_90a instructions: one sm_90a cubin.
     Module("flash_fwd_sm90", "flash/fwd_sm90.cuh", min_arch=90, arch_specific=True),
+    Module("flash_fwd_sm90_walk", "flash/fwd_sm90_walk.cuh", min_arch=90, arch_specific=True),
     Module("flash_bwd_sm90", "flash/bwd_sm90.cuh", min_arch=90, arch_specific=True),
 )
 
@@ -245,10 +246,11 @@ def _flash_fwd_sm90_variants():
         for op, wgs, suffix in shapes:
             paged, walk = suffix == "_paged", suffix.endswith("_walk")
             yield Variant(
-                op=op, family="sm90", module="flash_fwd_sm90",
+                op=op, family="sm90", module="flash_fwd_sm90_walk" if walk else "flash_fwd_sm90",
                 kernel=f"xla_attn_flash_fwd_sm90_{dt}_d{hi}{suffix}",
-                template=f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}, {wgs}"
-                         + (", true>" if paged else ", false, true>" if walk else ">"),
+                template=(f"xla_attn::flash_fwd_sm90_walk<{DTYPES[dt][1]}, {hi}, {wgs}>" if walk
+                          else f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}, {wgs}"
+                          + (", true>" if paged else ">")),
                 params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
                 head_dim_max=hi, features=features if paged else features & ~FEATURES["paged"],
                 priority=20, threads=128 * (1 + wgs))
@@ -258,10 +260,12 @@ def _flash_fwd_sm90_variants():
                        ("flash_fwd_tma_walk", "_walk")):
         paged = suffix == "_paged"
         yield Variant(
-            op=op, family="sm90", module="flash_fwd_sm90",
+            op=op, family="sm90",
+            module="flash_fwd_sm90_walk" if suffix == "_walk" else "flash_fwd_sm90",
             kernel=f"xla_attn_flash_fwd_sm90_f8e4m3_d128{suffix}",
-            template="xla_attn::flash_fwd_sm90<__nv_fp8_e4m3, 128, 2"
-                     + {"": ">", "_paged": ", true>", "_walk": ", false, true>"}[suffix],
+            template={"": "xla_attn::flash_fwd_sm90<__nv_fp8_e4m3, 128, 2>",
+                      "_paged": "xla_attn::flash_fwd_sm90<__nv_fp8_e4m3, 128, 2, true>",
+                      "_walk": "xla_attn::flash_fwd_sm90_walk<__nv_fp8_e4m3, 128, 2>"}[suffix],
             params="xla_attn::flash_sm90::Args", dtype0="f8e4m3", dtype1="f8e4m3",
             head_dim_min=16, head_dim_max=128,
             features=(features if paged else features & ~FEATURES["paged"]) | FEATURES["fp8"],

@@ -37,9 +37,7 @@ __device__ void zero_padding_rows(const xla_attn_flash_fwd_params& p, int h, int
 // every forward family: its sequence, rows [m0, m0 + block_m), kv head, and the keys
 // [n_lo, n_hi) of its split that some row can see (tiles outside are never loaded).
 // locate() returns false for a block with nothing to do; the padding block (b ==
-// batch) zeroes the output rows past the last real sequence first. A persistent kernel
-// (flash_fwd_sm90) walks such items itself: at() takes the item's coordinates, and
-// `threads` of its threads (0: none) share the padding rows.
+// batch) zeroes the output rows past the last real sequence first.
 struct FwdBlock {
   Sequence s;
   Window win;
@@ -49,27 +47,19 @@ struct FwdBlock {
   template <typename Out>
   __device__ __forceinline__ bool locate(const xla_attn_flash_fwd_params& p, int block_m,
                                          int block_n) {
-    const int n_splits = p.num_splits > 1 ? p.num_splits : 1;
-    return at<Out>(p, block_m, block_n, int(gridDim.x) / n_splits, int(blockIdx.x) / n_splits,
-                   int(blockIdx.x) % n_splits, blockIdx.y, blockIdx.z, threadIdx.x, blockDim.x);
-  }
-
-  // Row block `x` of `row_blocks` (counted from the last: under a causal mask, bottom-right
-  // aligned, the last rows see the most keys, and starting the longest blocks first leaves
-  // short ones for the last wave instead of long ones), split `sp`, head `head`, sequence
-  // `seq`.
-  template <typename Out>
-  __device__ __forceinline__ bool at(const xla_attn_flash_fwd_params& p, int block_m,
-                                     int block_n, int row_blocks, int x, int sp, int head,
-                                     int seq, int thread, int threads) {
     splits = p.num_splits > 1 ? p.num_splits : 1;
-    const int m_block = row_blocks - 1 - x;
-    split = sp;
-    h = head;
-    b = seq;
+    // Row blocks in reverse: under a causal mask (bottom-right aligned) the last rows see
+    // the most keys, and starting the longest blocks first leaves short ones for the
+    // last wave instead of long ones.
+    const int m_block = int(gridDim.x) / splits - 1 - int(blockIdx.x) / splits;
+    split = blockIdx.x % splits;
+    h = blockIdx.y;
+    b = blockIdx.z;
     const int n = real_batch(p.batch, p.batch_used);
     if (b >= n) {
-      if (b == p.batch && x == 0 && sp == 0 && threads > 0) zero_padding_rows<Out>(p, h, n, thread, threads);
+      if (b == p.batch && blockIdx.x == 0) {
+        zero_padding_rows<Out>(p, h, n, threadIdx.x, blockDim.x);
+      }
       return false;
     }
     paged = p.block_table != nullptr;
@@ -88,6 +78,36 @@ struct FwdBlock {
       n_hi = min(n_hi, lo + per * block_n);
       n_lo = min(lo, n_hi);
     }
+    return true;
+  }
+
+  // The same for a persistent kernel's item (flash_fwd_sm90_walk): row block x of
+  // row_blocks (counted from the last, as above), head, sequence; `threads` of the block's
+  // threads, this one `thread`, zero the padding rows (0: none). locate() keeps its own
+  // copy: through this one, the sm80 and sm90 kernels' SASS changed (3-6 % slower at
+  // d128 on an H100).
+  template <typename Out>
+  __device__ __forceinline__ bool at(const xla_attn_flash_fwd_params& p, int block_m,
+                                     int row_blocks, int x, int head, int seq, int thread,
+                                     int threads) {
+    splits = 1;
+    split = 0;
+    h = head;
+    b = seq;
+    const int n = real_batch(p.batch, p.batch_used);
+    if (b >= n) {
+      if (b == p.batch && x == 0 && threads > 0) zero_padding_rows<Out>(p, h, n, thread, threads);
+      return false;
+    }
+    paged = p.block_table != nullptr;
+    s = sequence(b, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.total_q, p.total_k, paged,
+                 int64_t(p.max_blocks_per_seq) * p.block_size);
+    m0 = (row_blocks - 1 - x) * block_m;
+    if (m0 >= s.num_q || routed_to_decode(p.decode_max_q, s)) return false;
+    hd = p.head_dim;
+    hk = h / (p.num_heads / p.num_heads_k);
+    win = Window{p.window_left, p.window_right};
+    win.key_range(m0, min(m0 + block_m, s.num_q) - 1, s.offset, s.num_k, &n_lo, &n_hi);
     return true;
   }
 };

@@ -94,13 +94,7 @@ __device__ __forceinline__ void transpose_v_e4m3(uint32_t raw, uint32_t vt, int 
 // kPaged: the instance for paged K/V (two consumers; 16-bit or fp8), so that the others carry
 // none of its code: with a run-time flag ptxas spilled at d128 and the dense forward ran
 // 6-9 % slower (H100, d128, S = 4096 / 16384).
-// kWalk: a persistent grid, each block walking items (Args) as they are claimed (the
-// producer hands each to the other warps with its Q); otherwise one block an item, its
-// coordinates from blockIdx. Two instances because the walk's tile loop is the longer
-// (stage indices and item coordinates that ptxas cannot fold or keep uniform: at d128
-// ~17 % more instructions a tile) and loses to one block an item on long rows, where
-// there is no block start to hide (launch.cc says where each is taken).
-template <typename T, int D, int kWgs, bool kPaged = false, bool kWalk = false>
+template <typename T, int D, int kWgs, bool kPaged = false>
 __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   using namespace flash_sm90;
   constexpr int kBlockN = block_n(D);
@@ -119,46 +113,24 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   constexpr uint32_t kKVBlockBytes = kBlockN * kRowBytes;  // one column block of K or V
   constexpr uint32_t kKVBytes = kColBlocks * kKVBlockBytes;
   constexpr uint32_t kVtBytes = vt_bytes(D, kEB);  // fp8: V^T, D rows of kBlockN bytes
-  constexpr int kQBufs = q_buffers(D, kWgs, kEB, kWalk);
-  constexpr uint32_t kQBytes = q_bytes(D, kWgs, kEB);
   const xla_attn_flash_fwd_params& p = a.p;
   extern __shared__ __align__(128) unsigned char smem[];
+
+  FwdBlock blk;
+  if (!blk.locate<Out>(p, kBlockM, kBlockN)) return;
+  const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd, hk = blk.hk;
   static_assert(!kPaged || kWgs == 2, "paged: the two-consumer kernels");
   constexpr bool paged = kPaged;  // the launcher sends paged calls here alone
-
-  // Item `item` (Args) located in `blk`: true where it has rows to compute. `threads` of
-  // the block's threads, this one `thread`, share the padding rows' item (0: none).
-  auto locate = [&](int item, FwdBlock& blk, int thread, int threads) {
-    const int x = item % a.row_blocks, hb = item / a.row_blocks;
-    return blk.at<Out>(p, kBlockM, kBlockN, a.row_blocks, x, 0, hb % p.num_heads,
-                       hb / p.num_heads, thread, threads);
-  };
-  // The padding rows' items (sequence `batch`, one a head: their consumers zero the rows
-  // past the last real sequence), which have no rows to compute but are walked.
-  auto is_padding = [&](int item) {
-    return item % a.row_blocks == 0 && item / a.row_blocks / p.num_heads == p.batch;
-  };
-  // The keys an item's tiles cover: [n_lo, n_hi) in `tiles` tiles. Paged: tiles start on
-  // a box (page) boundary, so that no box straddles two pages; the keys added in front
-  // are outside every row's window and masked as such.
-  struct KeyTiles {
-    int n_lo, n_hi, tiles;
-  };
-  auto key_tiles = [&](const FwdBlock& blk) {
-    const int lo = paged ? blk.n_lo - blk.n_lo % a.kv_box_rows : blk.n_lo;
-    return KeyTiles{lo, blk.n_hi, (blk.n_hi - lo + kBlockN - 1) / kBlockN};
-  };
-
-  // One block an item (!kWalk): the grid's (row block, head, sequence), as every forward
-  // family locates it; a block with nothing to do leaves at once.
-  FwdBlock item_blk;
-  if constexpr (!kWalk) {
-    if (!item_blk.locate<Out>(p, kBlockM, kBlockN)) return;
-  }
+  // paged: tiles start on a box (page) boundary, so that no box straddles two pages; the
+  // keys added in front are outside every row's window and masked as such
+  const int n_lo = paged ? blk.n_lo - blk.n_lo % a.kv_box_rows : blk.n_lo, n_hi = blk.n_hi;
+  const Sequence& s = blk.s;
+  const Window& win = blk.win;
+  const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
 
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
-  const uint32_t sQ0 = base;  // Q buffer qb at sQ0 + qb * kQBytes
-  const uint32_t sK = sQ0 + kQBufs * kQBytes;
+  const uint32_t sQ = base;
+  const uint32_t sK = sQ + uint32_t(q_bytes(D, kWgs, kEB));
   // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
   constexpr int kKRing = k_stages(kEB), kVRing = v_stages(kEB), kVtRing = vt_stages(kEB);
   constexpr int kPvRing = kFp8 ? kVtRing : kVRing;
@@ -168,43 +140,19 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   // paged: each consumer warp's valid bytes (sm90_tiles.h, valid_bytes), generic
   unsigned char* const warp_valid =
       smem + (bars + uint32_t(barrier_bytes(kEB)) - sm80::smem_addr(smem));
-  // Per Q buffer: q_full (its copy landed), q_empty (every consumer warp has written its
-  // item's O out of it). Then per stage: full_k, full_v (the producer's copies landed),
-  // empty_k, empty_v (both consumer warpgroups are done reading). K and V are released
-  // apart: K_j once S_j is computed, a whole softmax and P V earlier than V_j, so that
-  // the producer can land K_{j+2} while tile j + 1 is still being consumed. fp8: full_v
-  // says the raw V tile landed (the producer's own wait), full_vt that its transpose is
-  // written, and empty_v that the consumers are done with the V^T tile.
-  // Stages and Q buffers are counted over the block's whole walk: tile g (the g-th the
-  // block computes, across items) sits in stage g % ring, the i-th item's Q in buffer
-  // i % kQBufs.
-  // The producer hands each item to the other warps with its Q: the item's index in an
-  // 8-byte slot a buffer (-1: the walk is over), written before q_full's arrival (a
-  // release; the waits acquire), read by every thread before its own arrival on q_empty
-  // (each thread's: so that compute-sanitizer's racecheck sees every read ordered before
-  // the slot's next write; with one arrival a warp after __syncwarp it reported a
-  // write-after-read hazard).
-  auto q_full = [&](int qb) { return bars + 8u * uint32_t(qb); };
-  auto q_empty = [&](int qb) { return bars + 8u * uint32_t(kMaxQBuffers + qb); };
-  auto item_slot = [&](int qb) { return bars + 8u * uint32_t(2 * kMaxQBuffers + qb); };
-  auto item_of = [&](int qb) {
-    int item;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(item) : "r"(item_slot(qb)) : "memory");
-    return item;
-  };
-  auto bar = [&](int kind, int st) {
-    return bars + 8u * uint32_t(3 * kMaxQBuffers + kind * kMaxStages + st);
-  };
+  // q_full, then per stage: full_k, full_v (the producer's copies landed), empty_k,
+  // empty_v (both consumer warpgroups are done reading). K and V are released apart: K_j
+  // once S_j is computed, a whole softmax and P V earlier than V_j, so that the producer
+  // can land K_{j+2} while tile j + 1 is still being consumed. fp8: full_v says the raw
+  // V tile landed (the producer's own wait), full_vt that its transpose is written, and
+  // empty_v that the consumers are done with the V^T tile.
+  const uint32_t q_full = bars;
+  auto bar = [&](int kind, int st) { return bars + 8u * uint32_t(1 + kind * kMaxStages + st); };
   enum { kFullK, kFullV, kEmptyK, kEmptyV, kFullVt, kEmptyRaw };
-  // the parity of use g of its stage (or buffer) in a ring of `ring`
-  auto parity = [](int g, int ring) { return uint32_t(g / ring) & 1u; };
+  // the parity of tile j's use of its stage in a ring of `ring`
+  auto parity = [](int j, int ring) { return uint32_t(j / ring) & 1u; };
   if (threadIdx.x == 0) {
-    for (int qb = 0; qb < kQBufs; ++qb) {
-      sm90::mbar_init(q_full(qb));
-      // one arrival a consumer thread (and fp8's transposing threads, once they have the
-      // item)
-      sm90::mbar_init(q_empty(qb), kConsumers + (kFp8 ? 32 * kTransposeWarps : 0));
-    }
+    sm90::mbar_init(q_full);
     for (int st = 0; st < kKRing; ++st) {
       sm90::mbar_init(bar(kFullK, st));
       sm90::mbar_init(bar(kEmptyK, st), 4 * kWgs);  // one arrival a consumer warp
@@ -226,13 +174,13 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   // stores are made visible to wgmma (the async proxy) before full_vt is signalled, and
   // the raw stage is handed back to the copying thread (empty_raw) after the named
   // barrier.
-  // g: the tile's count in the block's walk; have: its keys inside the item's range.
-  auto transpose_stage = [&](int g, int have) {
+  auto transpose_stage = [&](int j) {
     if constexpr (kFp8) {
-      const int st = g % kVtRing, raw = g % kVRing;
-      sm90::mbar_wait(bar(kFullV, raw), parity(g, kVRing));
-      if (g >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(g - kVtRing, kVtRing));
-      transpose_v_e4m3(sV + raw * kKVBytes, sVt + st * kVtBytes, have, threadIdx.x - 32);
+      const int st = j % kVtRing, raw = j % kVRing;
+      sm90::mbar_wait(bar(kFullV, raw), parity(j, kVRing));
+      if (j >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(j - kVtRing, kVtRing));
+      transpose_v_e4m3(sV + raw * kKVBytes, sVt + st * kVtBytes, n_hi - (n_lo + j * kBlockN),
+                       threadIdx.x - 32);
       sm90::fence_proxy_async_shared();
       sm90::named_barrier(kProducerBarrier, 32 * kTransposeWarps);
       if (threadIdx.x == 32) {
@@ -250,21 +198,22 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // The producer. Coordinates are (column, head, row), innermost first; boxes past
     // the tensor's rows or head_dim read as zeros.
     sm90::regs_release<kFp8 ? kProducerRegsFp8 : kProducerRegs>();
-    // Tile g of the walk (its item's tile starting at key n0) into stage g % ring, each
-    // tensor once the stage's previous tile (g - ring) has released it: its (g / ring -
-    // 1)-th release. fp8's raw V stages are released by the transposing warps.
-    auto load = [&](int g, int n0, int kind, uint32_t tiles_at, const sm90::TensorMap* map,
-                    int hk, int64_t k_start, int64_t lane_row) {
-      const int ring = kind == kFullV ? kVRing : kKRing, st = g % ring;
-      if (g >= ring) {
+    // Tile j into stage j % kStages, each tensor once the stage's previous tile (j -
+    // kStages) has released it: its (j / kStages - 1)-th release. fp8's raw V stages
+    // are released by the transposing warps.
+    auto load = [&](int j, int kind, uint32_t tiles_at, const sm90::TensorMap* map,
+                    int64_t lane_row) {
+      const int ring = kind == kFullV ? kVRing : kKRing, st = j % ring;
+      if (j >= ring) {
         const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
-        sm90::mbar_wait(bar(release, st), parity(g - ring, ring));
+        sm90::mbar_wait(bar(release, st), uint32_t(j / ring - 1) & 1u);
       }
+      const int n0 = n_lo + j * kBlockN;
       if (!paged) {
         sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
         for (int c = 0; c < kColBlocks; ++c) {
           sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
-                            128 / kEB * c, hk, int(k_start + n0));
+                            128 / kEB * c, hk, int(s.k_start + n0));
         }
         return;
       }
@@ -285,114 +234,202 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // and V share it) and issuing its copies. H100, d128, S=4096, causal, 16-row boxes:
     // lookups and copies in one thread 225 TFLOP/s, lookups by the lanes and copies in
     // one thread 263-268, both by the lanes 468 (64-row boxes 482-497).
-    // The walk (warp 0 when paged, else thread 0): each item with rows to compute gets its
-    // Q copied (also one whose rows see no key: its consumers stage their zeros in the
-    // buffer) into buffer qi % kQBufs once that buffer's previous item has been written
-    // out, then its K / V tiles; a padding item is handed over without a copy; past the
-    // last item, -1.
-    if (paged ? threadIdx.x < 32 : threadIdx.x == 0) {
+    if ((paged ? threadIdx.x < 32 : threadIdx.x == 0) && tiles > 0) {
       if (threadIdx.x == 0) {
-        sm90::prefetch_tensor_map(&a.q_map);
         sm90::prefetch_tensor_map(&a.k_map);
         sm90::prefetch_tensor_map(&a.v_map);
-      }
-      // Item blk's Q into buffer qb (thread 0; not where !work), walking: with the item's
-      // index (or -1) into its slot.
-      auto copy_q = [&](const FwdBlock& blk, int qb, bool work = true, int item = 0) {
-        if (kWalk) {
-          asm volatile("st.shared.u32 [%0], %1;" ::"r"(item_slot(qb)), "r"(item) : "memory");
-        }
-        if (!work) {
-          sm90::mbar_arrive(q_full(qb));
-          return;
-        }
-        sm90::mbar_arrive_expect_tx(q_full(qb), kColBlocks * kQBlockBytes);
+        sm90::mbar_arrive_expect_tx(q_full, kColBlocks * kQBlockBytes);
         for (int c = 0; c < kColBlocks; ++c) {
-          sm90::tma_load_3d(sQ0 + qb * kQBytes + c * kQBlockBytes, &a.q_map, q_full(qb),
-                            128 / kEB * c, blk.h, int(blk.s.q_start + blk.m0));
+          sm90::tma_load_3d(sQ + c * kQBlockBytes, &a.q_map, q_full, 128 / kEB * c, h,
+                            int(s.q_start + m0));
         }
-      };
-      // Item blk's K / V tiles, its first the walk's g-th; returns how many.
-      auto copy_tiles = [&](const FwdBlock& blk, int g) {
-        const KeyTiles kt = key_tiles(blk);
-        for (int j = 0; j < kt.tiles; ++j) {
-          const int n0 = kt.n_lo + j * kBlockN;
-          int64_t lane_row = -1;
-          if (paged) {
-            const int key = n0 + int(threadIdx.x) * a.kv_box_rows;
-            if (int(threadIdx.x) * a.kv_box_rows < kBlockN && key < kt.n_hi)
-              lane_row = keys.row(blk.b, 0, key);
-          }
-          load(g + j, n0, kFullK, sK, &a.k_map, blk.hk, blk.s.k_start, lane_row);
-          load(g + j, n0, kFullV, sV, &a.v_map, blk.hk, blk.s.k_start, lane_row);
+      }
+      for (int j = 0; j < tiles; ++j) {
+        int64_t lane_row = -1;
+        if (paged) {
+          const int key = n_lo + j * kBlockN + int(threadIdx.x) * a.kv_box_rows;
+          if (int(threadIdx.x) * a.kv_box_rows < kBlockN && key < n_hi)
+            lane_row = keys.row(b, 0, key);
         }
-        return kt.tiles;
-      };
-      if constexpr (!kWalk) {
-        if (threadIdx.x == 0) copy_q(item_blk, 0);
-        copy_tiles(item_blk, 0);
-      } else {
-        // The block's next item after `item` (thread 0 claims it; paged: the warp's lanes
-        // share it).
-        auto claim = [&](int item) {
-          int next = 0;
-          if (threadIdx.x == 0) {
-            next = a.item_counter ? atomicAdd(a.item_counter, 1) + int(gridDim.x)
-                                  : item + int(gridDim.x);
-          }
-          if constexpr (paged) next = __shfl_sync(0xffffffffu, next, 0);
-          return next;
-        };
-        FwdBlock blk;
-        int g = 0;  // tiles so far
-        for (int qi = 0, item = blockIdx.x;; ++qi) {
-          bool work = false;
-          while (item < a.items && !(work = locate(item, blk, 0, 0)) && !is_padding(item)) {
-            item = claim(item);
-          }
-          const bool over = item >= a.items;
-          const int qb = qi % kQBufs;
-          if (threadIdx.x == 0) {
-            if (qi >= kQBufs) sm90::mbar_wait(q_empty(qb), parity(qi - kQBufs, kQBufs));
-            copy_q(blk, qb, work, over ? -1 : item);
-          }
-          if (over) break;
-          const int next = claim(item);  // in flight while this item's tiles are copied
-          if (work) g += copy_tiles(blk, g);
-          item = next;
-        }
+        load(j, kFullK, sK, &a.k_map, lane_row);
+        load(j, kFullV, sV, &a.v_map, lane_row);
       }
     } else if (kFp8 && threadIdx.x >= 32) {
       // fp8: warps 1 .. 3 transpose (warp 0's copying thread stays free to run ahead:
       // sharing the copies with a transposing thread held K's copy back a whole tile,
-      // and the fp8 forward ran no faster than bf16's); each takes the items as the
-      // consumers do.
-      auto transpose_item = [&](const FwdBlock& blk, int g) {
-        const KeyTiles kt = key_tiles(blk);
-        for (int j = 0; j < kt.tiles; ++j) {
-          transpose_stage(g + j, kt.n_hi - (kt.n_lo + j * kBlockN));
-        }
-        return kt.tiles;
-      };
-      if constexpr (!kWalk) {
-        transpose_item(item_blk, 0);
-      } else {
-        FwdBlock blk;
-        int g = 0;
-        for (int qi = 0;; ++qi) {
-          const int qb = qi % kQBufs;
-          sm90::mbar_wait(q_full(qb), parity(qi, kQBufs));
-          const int item = item_of(qb);
-          sm90::mbar_arrive(q_empty(qb));
-          if (item < 0) break;
-          if (locate(item, blk, 0, 0)) g += transpose_item(blk, g);
-        }
-      }
+      // and the fp8 forward ran no faster than bf16's)
+      for (int j = 0; j < tiles; ++j) transpose_stage(j);
     }
   } else {
     sm90::regs_acquire<consumer_regs(kWgs, kFp8 ? kProducerRegsFp8 : kProducerRegs)>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
-    const int wg = ct / 128, lane = ct % 32;  // the warpgroup, the lane
+    const int wg = ct / 128, row0 = wg * 64;  // the warpgroup and its first row in the block
+    const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
+
+    // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).
+    const sm80::ScoreTransform sx =
+        sm80::ScoreTransform::of(p, b, h, descale<T>(p.q_descale) * descale<T>(p.k_descale));
+    const bool softcap = sx.softcap, prescale = sx.prescale;
+    const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
+    // Keys every row of the block sees, inside its range: tiles there need no mask.
+    int full_lo, full_hi;
+    win.keys_seen_by_all(m0, min(m0 + kBlockM, s.num_q) - 1, s.offset, s.num_k, &full_lo,
+                         &full_hi);
+    full_hi = min(full_hi, n_hi);
+
+    float o[1][kDT][4] = {};  // rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16
+    float m[1][2] = {{-XLA_ATTN_INF, -XLA_ATTN_INF}}, l[1][2] = {{0.f, 0.f}};
+    float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
+    float sc[1][kNT][4];
+    float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
+    uint32_t pa[kPSteps][4];  // P of the previous tile, P V's A operand
+    // Consumer warp's release of stage st's K or V (after __syncwarp, every lane's reads
+    // of the product that used it have completed).
+    auto release = [&](int kind, int st) {
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(bar(kind, st));
+    };
+
+    // S = Q K_j^T, issued (not waited for): D / 16 k-steps, each 32 bytes further along
+    // the 128-byte rows, the next column block every 4 steps.
+    auto issue_s = [&](int j) {
+      const int st = j % kKRing;
+      sm90::mbar_wait(bar(kFullK, st), parity(j, kKRing));
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        const uint32_t at = uint32_t(kk / 4) * kQBlockBytes + uint32_t(kk % 4) * 32u;
+        const uint64_t dq = sm90::smem_desc(sQ + at + row0 * kRowBytes, 16);
+        const uint64_t dk =
+            sm90::smem_desc(sK + st * kKVBytes + uint32_t(kk / 4) * kKVBlockBytes +
+                                uint32_t(kk % 4) * 32u, 16);
+        if constexpr (kFp8) {
+          sm90::wgmma_ss_e4m3<kBlockN>(s_flat, dq, dk, kk > 0);
+        } else {
+          sm90::wgmma_ss<kBlockN, T>(s_flat, dq, dk, kk > 0);
+        }
+      }
+      sm90::wgmma_commit();
+    };
+    // 16-bit: the last tile's V rows past the block's key range are zeroed before P V
+    // reads them (they may hold the next sequence's keys or NaN padding, and 0 x NaN is
+    // NaN): both consumer warpgroups read them, so all their threads write a share and
+    // meet, outside their turns (ping-pong) since both must get here. fp8: the producer
+    // zeroes those keys of the V^T tile.
+    auto zero_v_tail = [&](int j) {
+      const int st = j % kPvRing, n0 = n_lo + j * kBlockN;
+      if (!kFp8 && n0 + kBlockN > n_hi) {
+        const uint32_t tV = sV + st * kKVBytes;
+        sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
+        const int have = n_hi - n0;
+        for (int c = ct; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
+          if ((c / (kRowBytes / 16)) % kBlockN >= have) {
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
+                         "r"(0u)
+                         : "memory");
+          }
+        }
+        sm90::fence_proxy_async_shared();
+        sm90::named_barrier(1, kConsumers);
+      }
+    };
+    // O += P V_j, issued: block_n / 16 k-steps of 16 keys (2 KB of V rows each); N = D
+    // spans the column blocks, kKVBlockBytes apart (the descriptor's leading offset).
+    // fp8: B is the V^T tile (K-major, keys along the 128-byte rows, 32 a k-step).
+    auto issue_pv = [&](int j) {
+      const int st = j % kPvRing;
+      if constexpr (kFp8) {
+        sm90::mbar_wait(bar(kFullVt, st), parity(j, kVtRing));
+        sm90::wgmma_hold(o_flat);
+        sm90::wgmma_hold(pa);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk) {
+          const uint64_t dv = sm90::smem_desc(sVt + st * kVtBytes + uint32_t(kk) * 32u, 16);
+          sm90::wgmma_rs_e4m3<D>(o_flat, pa[kk], dv);
+        }
+        sm90::wgmma_commit();
+      } else {
+      const uint32_t tV = sV + st * kKVBytes;
+      sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
+      sm90::wgmma_hold(o_flat);
+      sm90::wgmma_hold(pa);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const uint64_t dv = sm90::smem_desc(tV + uint32_t(kk) * 16u * kRowBytes, kKVBlockBytes);
+        sm90::wgmma_rs<D, T>(o_flat, pa[kk], dv);
+      }
+      sm90::wgmma_commit();
+      }
+    };
+    // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is
+    // handed back (corr, rescale) for after the P V product in flight.
+    float corr[1][2];
+    bool rescale = false;
+    // paged: whether lane i's box of tile j (keys i * kv_box_rows ..) has a page, looked
+    // up as the tile starts (the table read in flight behind S's product); boxes past
+    // the tile or the key range count as present (the range masks them).
+    auto box_present = [&](int j) {
+      const int r = lane * a.kv_box_rows, key = n_lo + j * kBlockN + r;
+      return !paged || r >= kBlockN || key >= n_hi || keys.row(b, 0, key) >= 0;
+    };
+    // Where some box has none, the warp writes its keys' valid bytes (TileSoftmax's
+    // valid[]; box_rows >= 8, so 4 adjacent keys share a box) in its own slice.
+    unsigned char* const my_valid = warp_valid + (ct / 32) * kBlockN;
+    auto softmax = [&](int j, bool present) {
+      const int n0 = n_lo + j * kBlockN;
+      const uint32_t boxes = paged ? __ballot_sync(0xffffffffu, present) : 0xffffffffu;
+      const bool absent = boxes != 0xffffffffu;
+      if (absent) {
+        for (int x = 4 * lane; x < kBlockN; x += 128) {
+          *reinterpret_cast<uint32_t*>(my_valid + x) =
+              (boxes >> (x / a.kv_box_rows)) & 1u ? 0x01010101u : 0u;
+        }
+        __syncwarp();
+      }
+      const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi) | absent;
+      const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
+                                  win, mul, cap, exp_mul, slope / exp_mul, prescale,
+                                  prescale || slope != 0.f, absent, my_valid};
+      rescale = false;
+      auto defer = [&](const float (&c)[1][2]) {
+        corr[0][0] = c[0][0];
+        corr[0][1] = c[0][1];
+        rescale = true;
+      };
+      if (!(mask | softcap)) {
+        tsm.run_with<false, false>(sc, m, l, defer);
+      } else if (!softcap) {
+        tsm.run_with<true, false>(sc, m, l, defer);
+      } else if (!mask) {
+        tsm.run_with<false, true>(sc, m, l, defer);
+      } else {
+        tsm.run_with<true, true>(sc, m, l, defer);
+      }
+    };
+    // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
+    // P V has completed: a register an in-flight product reads may not be written
+    // (ptxas serializes every wgmma of the kernel otherwise, C7513).
+    // fp8: k-step kk's 32 keys are n8 tiles 4kk .. 4kk + 3; byte j of a register holds
+    // the pair element (j & 1) of tile 4kk + (j >> 1) (+2 for registers 2, 3), the order
+    // transpose_v_e4m3 gives V^T's keys.
+    auto to_p = [&] {
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk) {
+        if constexpr (kFp8) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float(&lo)[4] = sc[0][4 * kk + 2 * (r / 2)];
+            const float(&hi)[4] = sc[0][4 * kk + 2 * (r / 2) + 1];
+            const int e = 2 * (r % 2);  // row g (elements 0, 1) or g + 8 (2, 3)
+            pa[kk][r] = sm80::pack4_e4m3(lo[e], lo[e + 1], hi[e], hi[e + 1]);
+          }
+        } else {
+          sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+        }
+      }
+    };
 
     // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
     // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O
@@ -401,330 +438,118 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // products (named barriers kTurnBarrier + wg: wait for one's turn, then hand it to
     // the other), so that one's products run while the other computes its softmax
     // instead of both contending for the tensor cores and then both leaving them idle.
-    // Warpgroup 0 goes first, over the block's whole walk; it takes one more turn after
-    // its last item, so that every hand-over is waited for.
+    // Warpgroup 0 goes first; warpgroup 1 skips its last hand-over, so that every
+    // arrival is waited for.
     constexpr bool kPingPong = kWgs == 2;
     auto my_turn = [&] {
       if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
     };
-    auto their_turn = [&] {
-      if constexpr (kPingPong) sm90::named_arrive(kTurnBarrier + 1 - wg, 256);
-    };
-    if (wg == 1) their_turn();
-    // Consumer warp's release of a K / V stage (its barrier `at`): after
-    // __syncwarp, every lane's reads of it have completed.
-    auto release = [&](uint32_t at) {
-      __syncwarp();
-      if (lane == 0) sm90::mbar_arrive(at);
-    };
-
-    // Item blk's rows, its Q in buffer qb, its first tile the walk's g0-th; returns its
-    // tiles.
-    auto consume = [&](const FwdBlock& blk, int qb, int g0) {
-      const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd;
-      const Sequence& s = blk.s;
-      const Window& win = blk.win;
-      const KeyTiles kt = key_tiles(blk);
-      const int n_lo = kt.n_lo, n_hi = kt.n_hi, tiles = kt.tiles;
-      const uint32_t sQ = sQ0 + qb * kQBytes;
-      // The thread's indices, made anew each item (opaque to ptxas): else it computes the
-      // addresses made from them once before the walk and holds them across the tile loop
-      // (d256: 200 bytes of spill there). The warp's index is broadcast from lane 0, which
-      // tells ptxas it is the same across the warp, so that what is made of it (the
-      // products' descriptors) stays in uniform registers.
-      int warp_id = ct / 32, ln = lane;
-      if constexpr (kWalk) {
-        asm volatile("" : "+r"(warp_id), "+r"(ln));
-        warp_id = __shfl_sync(0xffffffffu, warp_id, 0);
+    auto their_turn = [&](bool last = false) {
+      if constexpr (kPingPong) {
+        if (!(last && wg == 1)) sm90::named_arrive(kTurnBarrier + 1 - wg, 256);
       }
-      const int tid = kWalk ? warp_id * 32 + ln : ct;
-      const int row0 = warp_id / 4 * 64;  // the warpgroup's first row in the block
-      const int warp = warp_id % 4, g = ln / 4, t = ln % 4;
-
-      // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).
-      const sm80::ScoreTransform sx =
-          sm80::ScoreTransform::of(p, b, h, descale<T>(p.q_descale) * descale<T>(p.k_descale));
-      const bool softcap = sx.softcap, prescale = sx.prescale;
-      const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
-      // Keys every row of the block sees, inside its range: tiles there need no mask.
-      int full_lo, full_hi;
-      win.keys_seen_by_all(m0, min(m0 + kBlockM, s.num_q) - 1, s.offset, s.num_k, &full_lo,
-                           &full_hi);
-      full_hi = min(full_hi, n_hi);
-
-      float o[1][kDT][4] = {};  // rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16
-      float m[1][2] = {{-XLA_ATTN_INF, -XLA_ATTN_INF}}, l[1][2] = {{0.f, 0.f}};
-      float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
-      float sc[1][kNT][4];
-      float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
-      uint32_t pa[kPSteps][4];  // P of the previous tile, P V's A operand
-
-      // S = Q K_j^T, issued (not waited for): D / 16 k-steps, each 32 bytes further along
-      // the 128-byte rows, the next column block every 4 steps.
-      auto issue_s = [&](int j) {
-        const int st = (g0 + j) % kKRing;
-        sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
-        sm90::wgmma_fence();
-  #pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          const uint32_t at = uint32_t(kk / 4) * kQBlockBytes + uint32_t(kk % 4) * 32u;
-          const uint64_t dq = sm90::smem_desc(sQ + at + row0 * kRowBytes, 16);
-          const uint64_t dk =
-              sm90::smem_desc(sK + st * kKVBytes + uint32_t(kk / 4) * kKVBlockBytes +
-                                  uint32_t(kk % 4) * 32u, 16);
-          if constexpr (kFp8) {
-            sm90::wgmma_ss_e4m3<kBlockN>(s_flat, dq, dk, kk > 0);
-          } else {
-            sm90::wgmma_ss<kBlockN, T>(s_flat, dq, dk, kk > 0);
-          }
+    };
+    if (tiles > 0) {
+      if (wg == 1) their_turn();
+      const bool present = box_present(0);
+      sm90::mbar_wait(q_full, 0u);
+      my_turn();
+      issue_s(0);
+      their_turn();
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(s_flat);
+      release(kEmptyK, 0);
+      softmax(0, present);  // O is still zero: nothing to rescale
+      to_p();
+    }
+    for (int j = 1; j < tiles; ++j) {
+      const bool present = box_present(j);
+      zero_v_tail(j - 1);
+      my_turn();
+      issue_s(j);
+      issue_pv(j - 1);
+      their_turn();
+      sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+      sm90::wgmma_hold(s_flat);
+      release(kEmptyK, j % kKRing);
+      softmax(j, present);
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(o_flat);
+      release(kEmptyV, (j - 1) % kPvRing);
+      if (rescale) {
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[0][dt][i] *= corr[0][i / 2];
         }
-        sm90::wgmma_commit();
-      };
-      // 16-bit: the last tile's V rows past the block's key range are zeroed before P V
-      // reads them (they may hold the next sequence's keys or NaN padding, and 0 x NaN is
-      // NaN): both consumer warpgroups read them, so all their threads write a share and
-      // meet, outside their turns (ping-pong) since both must get here. fp8: the producer
-      // zeroes those keys of the V^T tile.
-      auto zero_v_tail = [&](int j) {
-        const int st = (g0 + j) % kPvRing, n0 = n_lo + j * kBlockN;
-        if (!kFp8 && n0 + kBlockN > n_hi) {
-          const uint32_t tV = sV + st * kKVBytes;
-          sm90::mbar_wait(bar(kFullV, st), parity(g0 + j, kVRing));
-          const int have = n_hi - n0;
-          for (int c = tid; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
-            if ((c / (kRowBytes / 16)) % kBlockN >= have) {
-              asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
-                           "r"(0u)
-                           : "memory");
-            }
-          }
-          sm90::fence_proxy_async_shared();
-          sm90::named_barrier(1, kConsumers);
-        }
-      };
-      // O += P V_j, issued: block_n / 16 k-steps of 16 keys (2 KB of V rows each); N = D
-      // spans the column blocks, kKVBlockBytes apart (the descriptor's leading offset).
-      // fp8: B is the V^T tile (K-major, keys along the 128-byte rows, 32 a k-step).
-      auto issue_pv = [&](int j) {
-        const int st = (g0 + j) % kPvRing;
-        if constexpr (kFp8) {
-          sm90::mbar_wait(bar(kFullVt, st), parity(g0 + j, kVtRing));
-          sm90::wgmma_hold(o_flat);
-          sm90::wgmma_hold(pa);
-          sm90::wgmma_fence();
-  #pragma unroll
-          for (int kk = 0; kk < kPSteps; ++kk) {
-            const uint64_t dv = sm90::smem_desc(sVt + st * kVtBytes + uint32_t(kk) * 32u, 16);
-            sm90::wgmma_rs_e4m3<D>(o_flat, pa[kk], dv);
-          }
-          sm90::wgmma_commit();
-        } else {
-        const uint32_t tV = sV + st * kKVBytes;
-        sm90::mbar_wait(bar(kFullV, st), parity(g0 + j, kVRing));
-        sm90::wgmma_hold(o_flat);
-        sm90::wgmma_hold(pa);
-        sm90::wgmma_fence();
-  #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          const uint64_t dv = sm90::smem_desc(tV + uint32_t(kk) * 16u * kRowBytes, kKVBlockBytes);
-          sm90::wgmma_rs<D, T>(o_flat, pa[kk], dv);
-        }
-        sm90::wgmma_commit();
-        }
-      };
-      // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is
-      // handed back (corr, rescale) for after the P V product in flight.
-      float corr[1][2];
-      bool rescale = false;
-      // paged: whether lane i's box of tile j (keys i * kv_box_rows ..) has a page, looked
-      // up as the tile starts (the table read in flight behind S's product); boxes past
-      // the tile or the key range count as present (the range masks them).
-      auto box_present = [&](int j) {
-        const int r = lane * a.kv_box_rows, key = n_lo + j * kBlockN + r;
-        return !paged || r >= kBlockN || key >= n_hi || keys.row(b, 0, key) >= 0;
-      };
-      // Where some box has none, the warp writes its keys' valid bytes (TileSoftmax's
-      // valid[]; box_rows >= 8, so 4 adjacent keys share a box) in its own slice.
-      unsigned char* const my_valid = warp_valid + (tid / 32) * kBlockN;
-      auto softmax = [&](int j, bool present) {
-        const int n0 = n_lo + j * kBlockN;
-        const uint32_t boxes = paged ? __ballot_sync(0xffffffffu, present) : 0xffffffffu;
-        const bool absent = boxes != 0xffffffffu;
-        if (absent) {
-          for (int x = 4 * lane; x < kBlockN; x += 128) {
-            *reinterpret_cast<uint32_t*>(my_valid + x) =
-                (boxes >> (x / a.kv_box_rows)) & 1u ? 0x01010101u : 0u;
-          }
-          __syncwarp();
-        }
-        const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi) | absent;
-        const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
-                                    win, mul, cap, exp_mul, slope / exp_mul, prescale,
-                                    prescale || slope != 0.f, absent, my_valid};
-        rescale = false;
-        auto defer = [&](const float (&c)[1][2]) {
-          corr[0][0] = c[0][0];
-          corr[0][1] = c[0][1];
-          rescale = true;
-        };
-        if (!(mask | softcap)) {
-          tsm.run_with<false, false>(sc, m, l, defer);
-        } else if (!softcap) {
-          tsm.run_with<true, false>(sc, m, l, defer);
-        } else if (!mask) {
-          tsm.run_with<false, true>(sc, m, l, defer);
-        } else {
-          tsm.run_with<true, true>(sc, m, l, defer);
-        }
-      };
-      // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
-      // P V has completed: a register an in-flight product reads may not be written
-      // (ptxas serializes every wgmma of the kernel otherwise, C7513).
-      // fp8: k-step kk's 32 keys are n8 tiles 4kk .. 4kk + 3; byte j of a register holds
-      // the pair element (j & 1) of tile 4kk + (j >> 1) (+2 for registers 2, 3), the order
-      // transpose_v_e4m3 gives V^T's keys.
-      auto to_p = [&] {
-  #pragma unroll
-        for (int kk = 0; kk < kPSteps; ++kk) {
-          if constexpr (kFp8) {
-  #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const float(&lo)[4] = sc[0][4 * kk + 2 * (r / 2)];
-              const float(&hi)[4] = sc[0][4 * kk + 2 * (r / 2) + 1];
-              const int e = 2 * (r % 2);  // row g (elements 0, 1) or g + 8 (2, 3)
-              pa[kk][r] = sm80::pack4_e4m3(lo[e], lo[e + 1], hi[e], hi[e + 1]);
-            }
-          } else {
-            sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
-          }
-        }
-      };
-
-      if (tiles > 0) {
-        const bool present = box_present(0);
-        my_turn();
-        issue_s(0);
-        their_turn();
-        sm90::wgmma_wait<0>();
-        sm90::wgmma_hold(s_flat);
-        release(bar(kEmptyK, g0 % kKRing));
-        softmax(0, present);  // O is still zero: nothing to rescale
-        to_p();
       }
-      for (int j = 1; j < tiles; ++j) {
-        const bool present = box_present(j);
-        zero_v_tail(j - 1);
-        my_turn();
-        issue_s(j);
-        issue_pv(j - 1);
-        their_turn();
-        sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
-        sm90::wgmma_hold(s_flat);
-        release(bar(kEmptyK, (g0 + j) % kKRing));
-        softmax(j, present);
-        sm90::wgmma_wait<0>();
-        sm90::wgmma_hold(o_flat);
-        release(bar(kEmptyV, (g0 + j - 1) % kPvRing));
-        if (rescale) {
-  #pragma unroll
+      to_p();
+    }
+    if (tiles > 0) {
+      zero_v_tail(tiles - 1);
+      my_turn();
+      issue_pv(tiles - 1);
+      their_turn(true);
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(o_flat);
+      release(kEmptyV, (tiles - 1) % kPvRing);
+    }
+
+    // Epilogue: O normalised and rounded, staged in this warpgroup's own rows of sQ
+    // (its last S product has completed; the other warpgroup reads only its own rows)
+    // in the tile layout, then written as 16-byte chunks of whole rows; lse per row.
+    const int64_t q_stride = int64_t(p.num_heads) * hd;
+    // fp8: O is scaled by v_descale and, bf16 being wider than the Q rows it would be
+    // staged in, stored from registers (pairs of columns).
+    const float out_scale = descale<T>(p.v_descale);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = l[0][hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      // MUFU reciprocal and logarithm (~1 ulp), as the sm80 kernel's epilogue.
+      const float inv = sum > 0.f ? __fdividef(out_scale, sum) : 0.f;
+      const int r = row0 + warp * 16 + g + 8 * hf, i = m0 + r;
+      if constexpr (kFp8) {
+        if (i < s.num_q) {
+          Out* row = static_cast<Out*>(p.out) + (s.q_start + i) * q_stride + int64_t(h) * hd;
+#pragma unroll
           for (int dt = 0; dt < kDT; ++dt) {
-  #pragma unroll
-            for (int i = 0; i < 4; ++i) o[0][dt][i] *= corr[0][i / 2];
-          }
-        }
-        to_p();
-      }
-      if (tiles > 0) {
-        zero_v_tail(tiles - 1);
-        my_turn();
-        issue_pv(tiles - 1);
-        their_turn();
-        sm90::wgmma_wait<0>();
-        sm90::wgmma_hold(o_flat);
-        release(bar(kEmptyV, (g0 + tiles - 1) % kPvRing));
-      }
-
-      // Epilogue: O normalised and rounded, staged in this warpgroup's own rows of sQ
-      // (its last S product has completed; the other warpgroup reads only its own rows)
-      // in the tile layout, then written as 16-byte chunks of whole rows; lse per row.
-      const int64_t q_stride = int64_t(p.num_heads) * hd;
-      // fp8: O is scaled by v_descale and, bf16 being wider than the Q rows it would be
-      // staged in, stored from registers (pairs of columns).
-      const float out_scale = descale<T>(p.v_descale);
-  #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float sum = l[0][hf];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        // MUFU reciprocal and logarithm (~1 ulp), as the sm80 kernel's epilogue.
-        const float inv = sum > 0.f ? __fdividef(out_scale, sum) : 0.f;
-        const int r = row0 + warp * 16 + g + 8 * hf, i = m0 + r;
-        if constexpr (kFp8) {
-          if (i < s.num_q) {
-            Out* row = static_cast<Out*>(p.out) + (s.q_start + i) * q_stride + int64_t(h) * hd;
-  #pragma unroll
-            for (int dt = 0; dt < kDT; ++dt) {
-              const int col = 8 * dt + 2 * t;
-              if (col < hd) {
-                *reinterpret_cast<uint32_t*>(row + col) =
-                    sm80::pack2<Out>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv);
-              }
+            const int col = 8 * dt + 2 * t;
+            if (col < hd) {
+              *reinterpret_cast<uint32_t*>(row + col) =
+                  sm80::pack2<Out>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv);
             }
           }
         }
-  #pragma unroll
-        for (int dt = 0; dt < kDT && !kFp8; ++dt) {
-          const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, dt) + 4u * uint32_t(t);
-          asm volatile("st.shared.u32 [%0], %1;" ::"r"(at),
-                       "r"(sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv))
-                       : "memory");
-        }
-        if (t == 0 && i < s.num_q && p.softmax_lse) {
-          p.softmax_lse[int64_t(h) * p.total_q + s.q_start + i] =
-              sum > 0.f ? m[0][hf] * kLn2 + __logf(sum) : XLA_ATTN_INF;
-        }
       }
-      if constexpr (!kFp8) {
-        sm90::named_barrier(2 + wg, 128);
-        T* out = static_cast<T*>(p.out) + int64_t(h) * hd;
-        const bool vec_out = aligned_to<T>(p.out, 16);
-        constexpr int kChunks = D / 8;  // 16-byte chunks of a row
-        for (int idx = tid % 128; idx < 64 * kChunks; idx += 128) {
-          const int r = row0 + idx / kChunks, c = idx % kChunks, i = m0 + r;
-          if (i >= s.num_q || c * 8 >= hd) continue;
-          uint4 x;
-          const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, c);
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                       : "r"(at));
-          sm80::store_chunk(out + (s.q_start + i) * q_stride, x, c * 8, hd, vec_out);
-        }
+#pragma unroll
+      for (int dt = 0; dt < kDT && !kFp8; ++dt) {
+        const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, dt) + 4u * uint32_t(t);
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(at),
+                     "r"(sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv))
+                     : "memory");
       }
-      return tiles;
-    };
-    if constexpr (!kWalk) {
-      sm90::mbar_wait(q_full(0), 0u);
-      consume(item_blk, 0, 0);
-    } else {
-      FwdBlock blk;
-      int g0 = 0;  // tiles of the walk so far
-      for (int qi = 0;; ++qi) {
-        const int qb = qi % kQBufs;
-        sm90::mbar_wait(q_full(qb), parity(qi, kQBufs));
-        // read by every lane, broadcast from lane 0 to tell ptxas it is warp-uniform (as
-        // blockIdx is: the stage indices and descriptors made from it stay uniform)
-        const int item = __shfl_sync(0xffffffffu, item_of(qb), 0);
-        if (item < 0) break;
-        if (locate(item, blk, ct, kConsumers)) {  // (a padding item is zeroed in there)
-          g0 = __shfl_sync(0xffffffffu, g0 + consume(blk, qb, g0), 0);  // uniform, as above
-          // this warp's staging stores ordered before the copy engine's next writes to
-          // the buffer (the async proxy)
-          sm90::fence_proxy_async_shared();
-        }
-        sm90::mbar_arrive(q_empty(qb));  // the Q buffer (and slot) back to the producer
+      if (t == 0 && i < s.num_q && p.softmax_lse) {
+        p.softmax_lse[int64_t(h) * p.total_q + s.q_start + i] =
+            sum > 0.f ? m[0][hf] * kLn2 + __logf(sum) : XLA_ATTN_INF;
       }
     }
-    if (wg == 0) my_turn();  // warpgroup 1's last hand-over
+    if constexpr (kFp8) return;
+    sm90::named_barrier(2 + wg, 128);
+    T* out = static_cast<T*>(p.out) + int64_t(h) * hd;
+    const bool vec_out = aligned_to<T>(p.out, 16);
+    constexpr int kChunks = D / 8;  // 16-byte chunks of a row
+    for (int idx = ct % 128; idx < 64 * kChunks; idx += 128) {
+      const int r = row0 + idx / kChunks, c = idx % kChunks, i = m0 + r;
+      if (i >= s.num_q || c * 8 >= hd) continue;
+      uint4 x;
+      const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, c);
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                   : "r"(at));
+      sm80::store_chunk(out + (s.q_start + i) * q_stride, x, c * 8, hd, vec_out);
+    }
   }
 }
 
