@@ -95,40 +95,38 @@ const VariantEntry* select(const Query& q, std::string* error) {
   return best;
 }
 
-int current_arch(std::string* error) {
-  int device = 0, major = 0, minor = 0;
+namespace {
+// One attribute of the current device into *value; false with `error` set where the
+// runtime cannot say.
+bool device_attribute(cudaDeviceAttr attr, int* value, std::string* error) {
+  int device = 0;
   cudaError_t st = cudaGetDevice(&device);
-  if (st == cudaSuccess) st = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (st == cudaSuccess) st = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (st == cudaSuccess) st = cudaDeviceGetAttribute(value, attr, device);
   if (st != cudaSuccess) {
     *error = std::string("xla_attn: cannot query the current CUDA device: ") + cudaGetErrorString(st);
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+int current_arch(std::string* error) {
+  int major = 0, minor = 0;
+  if (!device_attribute(cudaDevAttrComputeCapabilityMajor, &major, error) ||
+      !device_attribute(cudaDevAttrComputeCapabilityMinor, &minor, error)) {
     return -1;
   }
   return major * 10 + minor;
 }
 
 int multiprocessors(std::string* error) {
-  int device = 0, count = 0;
-  cudaError_t st = cudaGetDevice(&device);
-  if (st == cudaSuccess) st = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  if (st != cudaSuccess) {
-    *error = std::string("xla_attn: cannot query the current CUDA device: ") + cudaGetErrorString(st);
-    return -1;
-  }
-  return count;
+  int count = 0;
+  return device_attribute(cudaDevAttrMultiProcessorCount, &count, error) ? count : -1;
 }
 
 int shared_optin(std::string* error) {
-  int device = 0, bytes = 0;
-  cudaError_t st = cudaGetDevice(&device);
-  if (st == cudaSuccess) {
-    st = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  }
-  if (st != cudaSuccess) {
-    *error =
-        std::string("xla_attn: cannot query the current CUDA device: ") + cudaGetErrorString(st);
-    return -1;
-  }
+  int bytes = 0;
+  if (!device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &bytes, error)) return -1;
   if (const char* cap = std::getenv("XLA_ATTN_SMEM_OPTIN"); cap && *cap) {
     bytes = std::min(bytes, std::atoi(cap));
   }
