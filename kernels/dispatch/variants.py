@@ -120,6 +120,7 @@ MODULES = (
     Module("flash_fwd_sm90", "flash/fwd_sm90.cuh", min_arch=90, arch_specific=True),
     Module("flash_fwd_sm90_walk", "flash/fwd_sm90_walk.cuh", min_arch=90, arch_specific=True),
     Module("flash_bwd_sm90", "flash/bwd_sm90.cuh", min_arch=90, arch_specific=True),
+    Module("flash_bwd_sm90_d256", "flash/bwd_sm90_d256.cuh", min_arch=90, arch_specific=True),
 )
 
 # Head-dim buckets of the portable family (kernels/flash/portable_tiles.h): the
@@ -273,16 +274,20 @@ def _flash_fwd_sm90_variants():
 
 
 def _flash_bwd_sm90_variants():
-    # The Hopper dk/dv kernel (kernels/flash/bwd_sm90.cuh) of the atomic-dQ path, f16 and
-    # bf16, the d64 and d128 buckets (33-128; sm90_tiles.h says why not d256): 4. Its own
-    # op (its args carry tensor maps); the sm80 launcher takes it for the dk/dv step where
-    # it covers the call and keeps the sm80 delta and dq-convert kernels around it.
+    # The Hopper dk/dv kernels of the atomic-dQ path, f16 and bf16: the d64 and d128
+    # buckets (33-128, kernels/flash/bwd_sm90.cuh) and d256 (129-256, its two warpgroups
+    # sharing the keys: bwd_sm90_d256.cuh): 6. Their own op (their args carry tensor
+    # maps); the sm80 launcher takes them for the dk/dv step where they cover the call
+    # and keeps the sm80 delta and dq-convert kernels around them.
     features = ALL_FEATURES & ~FEATURES["fp8"] & ~FEATURES["paged"]
-    for dt, (lo, hi) in itertools.product(("f16", "bf16"), SM90_HEAD_BUCKETS[:2]):
+    for dt, (lo, hi) in itertools.product(("f16", "bf16"), SM90_HEAD_BUCKETS):
+        d256 = hi == 256
         yield Variant(
-            op="flash_bwd_dkdv_tma", family="sm90", module="flash_bwd_sm90",
+            op="flash_bwd_dkdv_tma", family="sm90",
+            module="flash_bwd_sm90_d256" if d256 else "flash_bwd_sm90",
             kernel=f"xla_attn_flash_bwd_dkdv_sm90_{dt}_d{hi}",
-            template=f"xla_attn::flash_bwd_dkdv_sm90<{DTYPES[dt][1]}, {hi}>",
+            template=(f"xla_attn::flash_bwd_dkdv_sm90_d256<{DTYPES[dt][1]}>" if d256
+                      else f"xla_attn::flash_bwd_dkdv_sm90<{DTYPES[dt][1]}, {hi}>"),
             params="xla_attn::flash_sm90::BwdArgs", dtype0=dt, dtype1=dt, head_dim_min=lo,
             head_dim_max=hi, features=features, priority=20, threads=384)
 

@@ -44,6 +44,150 @@ __device__ __forceinline__ void zero_tile_rows(uint32_t tile, int rows, int from
   }
 }
 
+// What a dk/dv block works on: kKeys keys from n0 of kv head hk of sequence b (grid:
+// key blocks, kv heads, batch + 1 padding block), against the row tiles (query head of
+// the GQA group x kBwdRows rows from i_lo) whose rows see some of its keys.
+struct BwdBlock {
+  Sequence s;
+  Window win;
+  int hk, b, n0, group;
+  int keys_valid;       // keys below num_k (past seqused_k take no part; may be <= 0)
+  int i_lo, i_hi;       // the rows that see some key of the block
+  int per_head, tiles;  // row tiles a query head, and in all
+  int full_lo, full_hi; // rows [full_lo, full_hi) see every key: no element-wise mask
+  BwdTileCursor first;  // the block's first tile
+};
+
+// Plans block blockIdx; false where it owns no key rows (it does nothing).
+template <int kKeys>
+__device__ __forceinline__ bool bwd_block(const xla_attn_flash_bwd_params& p, BwdBlock* k) {
+  k->hk = blockIdx.y;
+  k->b = blockIdx.z;
+  k->s = bwd_sequence(p, k->b);
+  k->n0 = blockIdx.x * kKeys;
+  if (k->n0 >= k->s.num_k_rows) return false;
+  const Sequence& s = k->s;
+  const int n0 = k->n0;
+  k->group = p.num_heads / p.num_heads_k;
+  k->win = Window{p.window_left, p.window_right};
+  k->keys_valid = s.num_k - n0;
+  int i_lo = 0, i_hi = 0;
+  if (k->keys_valid > 0) {
+    k->win.row_range(n0, min(n0 + kKeys, s.num_k) - 1, s.offset, s.num_q, &i_lo, &i_hi);
+  }
+  // Tiles start on the accumulator's 16-row chunks (rows added in front see none of the
+  // block's keys: their dS is masked to 0).
+  i_lo -= i_lo % sm80::kAccChunkRows;
+  k->i_lo = i_lo;
+  k->i_hi = i_hi;
+  k->per_head = (i_hi - i_lo + kBwdRows - 1) / kBwdRows;
+  k->tiles = k->per_head * k->group;
+  k->full_lo = 0;
+  k->full_hi = 0;
+  if (n0 + kKeys <= s.num_k) {
+    k->win.rows_seeing_all(n0, n0 + kKeys - 1, s.offset, i_hi, &k->full_lo, &k->full_hi);
+  }
+  // Key blocks of a head start at different tiles, so that they do not all add into
+  // the same dQ lines at once (as the sm80 kernel).
+  const int first_tile = k->tiles > 0 ? blockIdx.x % k->tiles : 0;
+  k->first = BwdTileCursor{first_tile / max(k->per_head, 1), first_tile % max(k->per_head, 1)};
+  return true;
+}
+
+// A dk/dv block's mbarriers (8 bytes each from `at`): K and V landed, then per stage its
+// Q and dO landed (full) and the consumers done with them (empty: one arrival a
+// consumer warp).
+struct BwdBars {
+  uint32_t at;
+  __device__ __forceinline__ uint32_t kv_full() const { return at; }
+  __device__ __forceinline__ uint32_t full(int st) const { return at + 8u * uint32_t(1 + st); }
+  __device__ __forceinline__ uint32_t empty(int st) const {
+    return at + 8u * uint32_t(1 + kStages + st);
+  }
+  __device__ __forceinline__ void init() const {
+    sm90::mbar_init(kv_full());
+    for (int st = 0; st < kStages; ++st) {
+      sm90::mbar_init(full(st));
+      sm90::mbar_init(empty(st), 4 * kConsumerWarpgroups);
+    }
+    sm90::mbar_init_fence();
+  }
+};
+static_assert(kBwdBarrierBytes == 8 * (1 + 2 * kStages), "BwdBars' layout");
+
+// The producer warpgroup's work (tid its thread): thread 0 copies the block's kKeys rows
+// of K and V (to sK, sV) once, then each tile's Q and dO rows into stage it % kStages
+// (kRows bytes apart from sQ, sdO) once the consumers have freed it.
+template <int kColBlocks, int kKeys>
+__device__ __forceinline__ void bwd_produce(const BwdArgs& a, const BwdBlock& k, BwdBars bars,
+                                            uint32_t sK, uint32_t sV, uint32_t sQ, uint32_t sdO,
+                                            int tid) {
+  constexpr uint32_t kKVBlock = kKeys * kRowBytes, kRowsBlock = kBwdRows * kRowBytes;
+  constexpr uint32_t kKV = kColBlocks * kKVBlock, kRows = kColBlocks * kRowsBlock;
+  if (tid == 0 && k.tiles > 0) {
+    sm90::mbar_arrive_expect_tx(bars.kv_full(), 2 * kKV);
+    for (int c = 0; c < kColBlocks; ++c) {
+      const int row = int(k.s.k_start + k.n0);
+      sm90::tma_load_3d(sK + c * kKVBlock, &a.k_map, bars.kv_full(), 64 * c, k.hk, row);
+      sm90::tma_load_3d(sV + c * kKVBlock, &a.v_map, bars.kv_full(), 64 * c, k.hk, row);
+    }
+  }
+  BwdTileCursor tile = k.first;
+  for (int it = 0; it < k.tiles; ++it, tile.advance(k.per_head, k.group)) {
+    const int st = it % kStages;
+    if (it >= kStages) sm90::mbar_wait(bars.empty(st), uint32_t(it / kStages - 1) & 1u);
+    const int h = k.hk * k.group + tile.head, i0 = k.i_lo + tile.row * kBwdRows;
+    if (tid == 0) {
+      sm90::mbar_arrive_expect_tx(bars.full(st), 2 * kRows);
+      for (int c = 0; c < kColBlocks; ++c) {
+        const int row = int(k.s.q_start + i0);
+        sm90::tma_load_3d(sQ + st * kRows + c * kRowsBlock, &a.q_map, bars.full(st), 64 * c, h,
+                          row);
+        sm90::tma_load_3d(sdO + st * kRows + c * kRowsBlock, &a.dout_map, bars.full(st), 64 * c,
+                          h, row);
+      }
+    }
+  }
+}
+
+// Writes a consumer warp's 16 key rows (from key_w) of dK or dV (acc: mma accumulators of
+// kDT n8 column tiles, times `factor`) into `grad`: staged as 16-bit in the warp's own
+// rows of `tile` (a K or V tile of column blocks block_bytes apart) and written as
+// 16-byte chunks of whole rows. Keys [num_k, num_k_rows) own gradient rows too: they saw
+// nothing, so theirs are 0.
+template <typename T, int kDT>
+__device__ __forceinline__ void bwd_store_grad(const xla_attn_flash_bwd_params& p,
+                                               const BwdBlock& k, uint32_t tile,
+                                               uint32_t block_bytes, int key_w, int lane,
+                                               const float (&acc)[1][kDT][4], float factor,
+                                               void* grad) {
+  const int g = lane / 4, t = lane % 4, hd = p.head_dim;
+  const int rows_valid = min(16, k.s.num_k_rows - k.n0 - key_w);
+  const int64_t kv_stride = int64_t(p.num_heads_k) * hd;
+  const bool vec = aligned_to<T>(p.dk, 16) && aligned_to<T>(p.dv, 16);
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const uint32_t at = sm90::swizzled_chunk(tile, block_bytes, key_w + g + 8 * hf, dt);
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(at + 4u * uint32_t(t)),
+                   "r"(sm80::pack2<T>(acc[0][dt][2 * hf] * factor, acc[0][dt][2 * hf + 1] * factor))
+                   : "memory");
+    }
+  }
+  __syncwarp();
+  T* dst = static_cast<T*>(grad) + (k.s.k_start + k.n0 + key_w) * kv_stride + int64_t(k.hk) * hd;
+  for (int idx = lane; idx < 16 * kDT; idx += 32) {
+    const int r = idx / kDT, c = idx % kDT;
+    if (r >= rows_valid || c * 8 >= hd) continue;
+    uint4 x;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                 : "r"(sm90::swizzled_chunk(tile, block_bytes, key_w + r, c)));
+    sm80::store_chunk(dst + r * kv_stride, x, c * 8, hd, vec);
+  }
+}
+
 }  // namespace flash_sm90
 
 template <typename T, int D>
@@ -69,31 +213,14 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   constexpr uint32_t kStatBytes = 2 * kBwdRows * 4;      // a tile's lse and D floats
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int hk = blockIdx.y, b = blockIdx.z, hd = p.head_dim, key_block = blockIdx.x;
-  const Sequence s = bwd_sequence(p, b);
-  const int n0 = key_block * kBwdKeys;
-  if (n0 >= s.num_k_rows) return;
-  const int group = p.num_heads / p.num_heads_k;
-  const Window win{p.window_left, p.window_right};
-  const int keys_valid = s.num_k - n0;  // keys past seqused_k take no part
-  int i_lo = 0, i_hi = 0;
-  if (keys_valid > 0) {
-    win.row_range(n0, min(n0 + kBwdKeys, s.num_k) - 1, s.offset, s.num_q, &i_lo, &i_hi);
-  }
-  // Tiles start on the accumulator's 16-row chunks (rows added in front see none of the
-  // block's keys: their dS is masked to 0).
-  i_lo -= i_lo % sm80::kAccChunkRows;
-  const int per_head = (i_hi - i_lo + kBwdRows - 1) / kBwdRows;
-  const int tiles = per_head * group;
-  // Rows [full_lo, full_hi) see every key of the block: no element-wise mask there.
-  int full_lo = 0, full_hi = 0;
-  if (n0 + kBwdKeys <= s.num_k) {
-    win.rows_seeing_all(n0, n0 + kBwdKeys - 1, s.offset, i_hi, &full_lo, &full_hi);
-  }
-  // Key blocks of a head start at different tiles, so that they do not all add into
-  // the same dQ lines at once (as the sm80 kernel).
-  const int first_tile = tiles > 0 ? key_block % tiles : 0;
-  const BwdTileCursor first{first_tile / max(per_head, 1), first_tile % max(per_head, 1)};
+  BwdBlock blk;
+  if (!bwd_block<kBwdKeys>(p, &blk)) return;
+  const Sequence& s = blk.s;
+  const Window& win = blk.win;
+  const int hk = blk.hk, b = blk.b, hd = p.head_dim, n0 = blk.n0, group = blk.group;
+  const int keys_valid = blk.keys_valid, i_lo = blk.i_lo, i_hi = blk.i_hi;
+  const int per_head = blk.per_head, tiles = blk.tiles, full_lo = blk.full_lo, full_hi = blk.full_hi;
+  const BwdTileCursor first = blk.first;
 
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
   const uint32_t sK = base, sV = sK + kKV, sQ = sV + kKV, sdO = sQ + kStages * kRows;
@@ -101,45 +228,16 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   const uint32_t sDq = sDs + 2 * kBwdDsBytes;    // + consumer warp * kBwdDqWarpBytes
   const uint32_t sStat = sDq + kBwdDqBytes;      // + (tile % 2) * kStatBytes
   const uint32_t bars = sStat + 2 * kStatBytes;
-  const uint32_t kv_full = bars;
-  auto full = [&](int st) { return bars + 8u * uint32_t(1 + st); };
-  auto empty = [&](int st) { return bars + 8u * uint32_t(1 + kStages + st); };
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(kv_full);
-    for (int st = 0; st < kStages; ++st) {
-      sm90::mbar_init(full(st));
-      sm90::mbar_init(empty(st), 4 * kConsumerWarpgroups);  // one arrival a consumer warp
-    }
-    sm90::mbar_init_fence();
-  }
+  const BwdBars bar{bars};
+  const uint32_t kv_full = bar.kv_full();
+  auto full = [&](int st) { return bar.full(st); };
+  auto empty = [&](int st) { return bar.empty(st); };
+  if (threadIdx.x == 0) bar.init();
   __syncthreads();
 
   if (threadIdx.x < 128) {
     sm90::regs_release<kProducerRegs>();
-    const int tid = threadIdx.x;
-    if (tid == 0 && tiles > 0) {
-      sm90::mbar_arrive_expect_tx(kv_full, 2 * kKV);
-      for (int c = 0; c < kColBlocks; ++c) {
-        const int row = int(s.k_start + n0);
-        sm90::tma_load_3d(sK + c * kKVBlock, &a.k_map, kv_full, 64 * c, hk, row);
-        sm90::tma_load_3d(sV + c * kKVBlock, &a.v_map, kv_full, 64 * c, hk, row);
-      }
-    }
-    BwdTileCursor tile = first;
-    for (int it = 0; it < tiles; ++it, tile.advance(per_head, group)) {
-      const int st = it % kStages;
-      if (it >= kStages) sm90::mbar_wait(empty(st), uint32_t(it / kStages - 1) & 1u);
-      const int h = hk * group + tile.head, i0 = i_lo + tile.row * kBwdRows;
-      if (tid == 0) {
-        sm90::mbar_arrive_expect_tx(full(st), 2 * kRows);
-        for (int c = 0; c < kColBlocks; ++c) {
-          const int row = int(s.q_start + i0);
-          sm90::tma_load_3d(sQ + st * kRows + c * kRowsBlock, &a.q_map, full(st), 64 * c, h, row);
-          sm90::tma_load_3d(sdO + st * kRows + c * kRowsBlock, &a.dout_map, full(st), 64 * c, h,
-                            row);
-        }
-      }
-    }
+    bwd_produce<kColBlocks, kBwdKeys>(a, blk, bar, sK, sV, sQ, sdO, threadIdx.x);
   } else {
     sm90::regs_acquire<kConsumerRegs>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
@@ -410,41 +508,13 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     if (lane == 0) sm90::bulk_wait<0, false>();
 
     // dK (times the softmax scale) and dV of the warp's 16 keys, staged in the warp's own
-    // rows of sK / sV and written as 16-byte chunks of whole rows. Keys [num_k,
-    // num_k_rows) own gradient rows too: they saw nothing, so theirs are 0. The other
-    // warpgroup's last dQ = dS K reads all 128 rows of sK: both meet first. (Without
-    // this barrier a warpgroup that finished first overwrote K under the other's last dQ
-    // product: dq errors of 2-8 % under compute-sanitizer's timing, 1 run in 2.)
+    // rows of sK / sV. The other warpgroup's last dQ = dS K reads all 128 rows of sK:
+    // both meet first. (Without this barrier a warpgroup that finished first overwrote K
+    // under the other's last dQ product: dq errors of 2-8 % under compute-sanitizer's
+    // timing, 1 run in 2.)
     sm90::named_barrier(1, 256);
-    const int rows_valid = min(16, s.num_k_rows - n0 - key_w);
-    const int64_t kv_stride = int64_t(p.num_heads_k) * hd;
-    const bool vec = aligned_to<T>(p.dk, 16) && aligned_to<T>(p.dv, 16);
-    auto store = [&](uint32_t tile, const float (&acc)[1][kDT][4], float factor, void* grad) {
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const uint32_t at = sm90::swizzled_chunk(tile, kKVBlock, key_w + g + 8 * hf, dt);
-          asm volatile("st.shared.b32 [%0], %1;" ::"r"(at + 4u * uint32_t(t)),
-                       "r"(sm80::pack2<T>(acc[0][dt][2 * hf] * factor,
-                                          acc[0][dt][2 * hf + 1] * factor))
-                       : "memory");
-        }
-      }
-      __syncwarp();
-      T* dst = static_cast<T*>(grad) + (s.k_start + n0 + key_w) * kv_stride + int64_t(hk) * hd;
-      for (int idx = lane; idx < 16 * kDT; idx += 32) {
-        const int r = idx / kDT, c = idx % kDT;
-        if (r >= rows_valid || c * 8 >= hd) continue;
-        uint4 x;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                     : "r"(sm90::swizzled_chunk(tile, kKVBlock, key_w + r, c)));
-        sm80::store_chunk(dst + r * kv_stride, x, c * 8, hd, vec);
-      }
-    };
-    store(sK, dk, p.softmax_scale, p.dk);
-    store(sV, dv, 1.f, p.dv);
+    bwd_store_grad<T, kDT>(p, blk, sK, kKVBlock, key_w, lane, dk, p.softmax_scale, p.dk);
+    bwd_store_grad<T, kDT>(p, blk, sV, kKVBlock, key_w, lane, dv, 1.f, p.dv);
   }
 }
 

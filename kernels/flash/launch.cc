@@ -231,17 +231,17 @@ bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features,
   if (!v) return false;
   flash_sm90::BwdArgs args;
   args.p = p;
-  using flash_sm90::kBwdKeys;
   using flash_sm90::kBwdRows;
+  const int bucket = flash_sm90::head_bucket(p.head_dim), keys = flash_sm90::bwd_keys(bucket);
   if (!encode_rows(&args.q_map, p.q, p.total_q, p.num_heads, p.head_dim, kBwdRows).empty() ||
       !encode_rows(&args.dout_map, p.dout, p.total_q, p.num_heads, p.head_dim, kBwdRows).empty() ||
-      !encode_rows(&args.k_map, p.k, p.total_k, p.num_heads_k, p.head_dim, kBwdKeys).empty() ||
-      !encode_rows(&args.v_map, p.v, p.total_k, p.num_heads_k, p.head_dim, kBwdKeys).empty()) {
+      !encode_rows(&args.k_map, p.k, p.total_k, p.num_heads_k, p.head_dim, keys).empty() ||
+      !encode_rows(&args.v_map, p.v, p.total_k, p.num_heads_k, p.head_dim, keys).empty()) {
     return false;
   }
-  const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + kBwdKeys - 1) / kBwdKeys),
-                  p.num_heads_k, p.batch + 1);
-  const size_t smem = size_t(flash_sm90::bwd_smem_bytes(flash_sm90::head_bucket(p.head_dim)));
+  const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + keys - 1) / keys), p.num_heads_k,
+                  p.batch + 1);
+  const size_t smem = size_t(flash_sm90::bwd_smem_bytes(bucket));
   *error = dispatch::launch(*v, grid, smem, stream, &args);
   return true;
 }

@@ -173,28 +173,41 @@ constexpr size_t kItemCounterBytes = sizeof(int);
 // 64 keys each (wgmma's M: S^T = K Q^T, dP^T = V dO^T), so 128 keys a block; tiles of
 // kBwdRows query rows of Q, dO (and their lse, D) stream through kStages stages. A
 // consumer thread holds dK and dV (D / 2 f32 each), S^T and dP^T (32 each) and 64
-// columns of dQ (32): d256's dK and dV alone would take 256.
+// columns of dQ (32): d256's dK and dV alone would take 256. So at d256
+// (flash/bwd_sm90_d256.cuh) both consumer warpgroups share a block of 64 keys, one
+// holding dV (128 f32), the other dK.
 constexpr int kBwdKeys = 64 * kConsumerWarpgroups;
+constexpr int kBwdKeysD256 = 64;
 constexpr int kBwdRows = 64;
+XLA_ATTN_HOST_DEVICE constexpr int bwd_keys(int d) { return d <= 128 ? kBwdKeys : kBwdKeysD256; }
 XLA_ATTN_HOST_DEVICE constexpr bool bwd_covers(int head_dim) {
-  return head_dim > 32 && head_dim <= 128;
+  return head_dim > 32 && head_dim <= 256;
 }
 // K and V (kBwdKeys rows), kStages stages of Q and dO (kBwdRows rows), two buffers of the
 // block's dS^T (kBwdKeys keys x kBwdRows rows, 16-bit: one 128-byte row a key), the
 // consumer warps' dQ chunks on their way to the accumulator (a warp's 16 rows x 64
 // columns of f32, in the accumulator's chunk layout), per stage the lse and D floats,
 // then the barriers. d128: 64 + 64 + 32 + 32 + 1 KB.
-XLA_ATTN_HOST_DEVICE constexpr int bwd_kv_bytes(int d) { return kBwdKeys * 2 * d; }
+// d256: K and V (64 keys), kStages stages of Q and dO, P^T softcap' (f32, 64 keys x 64
+// rows) passed from the dV side to the dK side, one buffer of dS^T (the sides meet
+// twice a tile), the lse and D floats: 64 + 128 + 16 + 8 + 1 KB (dQ goes out by
+// red.global.add: the staging would need 64 KB more).
+XLA_ATTN_HOST_DEVICE constexpr int bwd_kv_bytes(int d) { return bwd_keys(d) * 2 * d; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_rows_bytes(int d) { return kBwdRows * 2 * d; }
 constexpr int kBwdDsBytes = kBwdKeys * kBwdRows * 2;
 constexpr int kBwdDqWarpBytes = 16 * 64 * 4;
 constexpr int kBwdDqBytes = 4 * kConsumerWarpgroups * kBwdDqWarpBytes;
+constexpr int kBwdPD256Bytes = kBwdKeysD256 * kBwdRows * 4;
+constexpr int kBwdDsD256Bytes = kBwdKeysD256 * kBwdRows * 2;
 constexpr int kBwdBarrierBytes = 8 * (1 + 2 * kStages);
+constexpr int kBwdStatBytes = kStages * 2 * kBwdRows * 4;
 XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
-  return kAlign + 2 * bwd_kv_bytes(d) + 2 * kStages * bwd_rows_bytes(d) + 2 * kBwdDsBytes +
-         kBwdDqBytes + kStages * 2 * kBwdRows * 4 + kBwdBarrierBytes;
+  return kAlign + 2 * bwd_kv_bytes(d) + 2 * kStages * bwd_rows_bytes(d) +
+         (d <= 128 ? 2 * kBwdDsBytes + kBwdDqBytes : kBwdPD256Bytes + kBwdDsD256Bytes) +
+         kBwdStatBytes + kBwdBarrierBytes;
 }
-static_assert(bwd_smem_bytes(128) <= 227 * 1024, "the d128 backward tiles exceed 227 KB");
+static_assert(bwd_smem_bytes(128) <= kSmemLimit && bwd_smem_bytes(256) <= kSmemLimit,
+              "the d128 / d256 backward tiles exceed 227 KB");
 
 struct BwdArgs {
   xla_attn_flash_bwd_params p;

@@ -502,15 +502,16 @@ def _check_backward(device, rng, mk, dtype, head_dim, feature, lens_q, lens_k, h
 
 @pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap",
                                      "alibi_batch"])
-@pytest.mark.parametrize("head_dim", [48, 64, 80, 128])
+@pytest.mark.parametrize("head_dim", [48, 64, 80, 128, 160, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_flash_backward_sm90_nan_tails(gpu_device, rng, mk, monkeypatch, dtype, head_dim,
                                        feature):
-    """The Hopper dk/dv kernel (with sm80's delta and dq-convert around it): Q / dO
-    boxes of 64 rows and K / V boxes of 128 keys read into the next sequence and into
-    padding rows holding NaN, as do keys past seqused_k; GQA 3, several key blocks and
-    row tiles, head_dims 48 and 80 padded to 64 and 128; dq, dk, dv against the float64
-    reference and exactly zero on padding rows."""
+    """The Hopper dk/dv kernels (with sm80's delta and dq-convert around them): Q / dO
+    boxes of 64 rows and K / V boxes of 128 keys (d256: 64) read into the next sequence
+    and into padding rows holding NaN, as do keys past seqused_k; GQA 3, several key
+    blocks and row tiles, head_dims 48, 80 and 160 padded to 64, 128 and 256 (160: dQ's
+    last accumulator chunks absent); dq, dk, dv against the float64 reference and
+    exactly zero on padding rows."""
     (q, k, v, dout, cu_q, cu_k, seqused), (max_q, max_k) = _nan_tail_inputs(
         gpu_device, rng, mk, monkeypatch, dtype, head_dim, "sm90,sm80")
     kw = _feature_kwargs(rng, mk, feature, 6, len(cu_q) - 1)
