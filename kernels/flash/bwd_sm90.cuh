@@ -44,6 +44,16 @@ __device__ __forceinline__ void zero_tile_rows(uint32_t tile, int rows, int from
   }
 }
 
+// zero_tile_rows for two tiles of the same shape (K and V, or a stage's Q and dO), then
+// the fence that shows the zeros to the tensor cores; named barrier 1 publishes them.
+template <int kColBlocks>
+__device__ __forceinline__ void zero_tiles_rows(uint32_t a, uint32_t b, int rows, int from,
+                                                int ct) {
+  zero_tile_rows<kColBlocks>(a, rows, from, ct);
+  zero_tile_rows<kColBlocks>(b, rows, from, ct);
+  sm90::fence_proxy_async_shared();
+}
+
 // What a dk/dv block works on: kKeys keys from n0 of kv head hk of sequence b (grid:
 // key blocks, kv heads, batch + 1 padding block), against the row tiles (query head of
 // the GQA group x kBwdRows rows from i_lo) whose rows see some of its keys.
@@ -188,6 +198,29 @@ __device__ __forceinline__ void bwd_store_grad(const xla_attn_flash_bwd_params& 
   }
 }
 
+// The backward's base-2 score factors for query head h of sequence b (sm80::BwdScore).
+__device__ __forceinline__ sm80::BwdScore bwd_score_of(const xla_attn_flash_bwd_params& p, int b,
+                                                       int h) {
+  const bool capped = p.softcap > 0.f;
+  return sm80::BwdScore{
+      capped ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e, p.softcap * kLog2e,
+      (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h] : 0.f) * kLog2e,
+      capped};
+}
+
+// Stores k-step kk of a consumer warp's dS^T (an A fragment: keys g, g + 8 of the warp's
+// 16 x rows 16 kk + 2t, + 1, + 8, + 9) into a keys x rows 16-bit tile (one 128-byte row a
+// key, swizzled): `ds_lane` is the lane's first element (its key's row + 16 g + 4 t).
+// The key's row is 128-byte aligned and its swizzle term is g, so XOR-ing the chunk
+// index into bits 4-6 is the swizzle (sixteen addresses held apart spilled).
+__device__ __forceinline__ void store_ds_step(uint32_t ds_lane, int kk, const uint32_t (&f)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // f[i]: key + 8 (i odd), rows + 8 (i >= 2)
+    const uint32_t at = (ds_lane + 1024u * uint32_t(i & 1)) ^ (16u * uint32_t(2 * kk + (i >> 1)));
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(f[i]) : "memory");
+  }
+}
+
 }  // namespace flash_sm90
 
 template <typename T, int D>
@@ -269,9 +302,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       store_stat(0, ct < 2 * kBwdRows ? load_stat(first) : 0.f);
       sm90::mbar_wait(kv_full, 0u);
       if (keys_valid < kBwdKeys) {
-        zero_tile_rows<kColBlocks>(sK, kBwdKeys, max(keys_valid, 0), ct);
-        zero_tile_rows<kColBlocks>(sV, kBwdKeys, max(keys_valid, 0), ct);
-        sm90::fence_proxy_async_shared();
+        zero_tiles_rows<kColBlocks>(sK, sV, kBwdKeys, max(keys_valid, 0), ct);
       }
       sm90::named_barrier(1, 256);
     }
@@ -281,8 +312,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     for (int it = 0; it < tiles; ++it, tile.advance(per_head, group)) {
       const int st = it % kStages, h = hk * group + tile.head, i0 = i_lo + tile.row * kBwdRows;
       const uint32_t tQ = sQ + st * kRows, tdO = sdO + st * kRows;
-      if (h != h_prev) {
-        h_prev = h;
+      if (h != h_prev) {  // bwd_score_of, written out: called, ptxas allocated this
+        h_prev = h;         // kernel's registers otherwise (H100: d128 -2 % at S = 2048)
         const bool capped = p.softcap > 0.f;
         sc_mod = sm80::BwdScore{capped ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e,
                           p.softcap * kLog2e,
@@ -292,9 +323,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       }
       sm90::mbar_wait(full(st), uint32_t(it / kStages) & 1u);
       if (i0 + kBwdRows > i_hi) {  // rows past the block's last: zeros (block-uniform)
-        zero_tile_rows<kColBlocks>(tQ, kBwdRows, i_hi - i0, ct);
-        zero_tile_rows<kColBlocks>(tdO, kBwdRows, i_hi - i0, ct);
-        sm90::fence_proxy_async_shared();
+        zero_tiles_rows<kColBlocks>(tQ, tdO, kBwdRows, i_hi - i0, ct);
         sm90::named_barrier(1, 256);
       }
 
@@ -331,11 +360,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // row i0 + 8 nt + 2t + e.
       const bool mask = (i0 < full_lo) | (i0 + kBwdRows > full_hi);
       const uint32_t stat = sStat + uint32_t(it % 2) * kStatBytes;
-      // dS^T goes to the warpgroup's buffer (keys x rows, 16-bit) for dQ = dS K: the
-      // lane's rows 8 nt + 2t, + 1 of key 16 warp + g (+ 8) at `ds_lane` ^ 16 nt (+ 1 KB):
-      // the key's row is 128-byte aligned and its swizzle term is g, so XOR-ing the
-      // chunk index in bits 4-6 is the swizzle (sixteen addresses held apart spilled).
-      // dS^T of the block's 128 keys, double-buffered by tile: a warpgroup writes tile
+      // dS^T goes to the warpgroup's buffer (keys x rows, 16-bit) for dQ = dS K
+      // (store_ds_step). dS^T of the block's 128 keys, double-buffered by tile: a warpgroup writes tile
       // it + 1's while the other may still read tile it's (they meet once a tile).
       const uint32_t ds_buf = sDs + uint32_t(it % 2) * kBwdDsBytes;
       const uint32_t ds_lane = ds_buf + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) +
@@ -408,12 +434,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
           }
           sm80::accum_to_a<T>(pa[kk], stt[0][2 * kk], stt[0][2 * kk + 1]);
           sm80::accum_to_a<T>(da[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {  // da[kk][i]: key + 8 (i odd), rows + 8 (i >= 2)
-            const uint32_t at =
-                (ds_lane + 1024u * uint32_t(i & 1)) ^ (16u * uint32_t(2 * kk + (i >> 1)));
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(da[kk][i]) : "memory");
-          }
+          store_ds_step(ds_lane, kk, da[kk]);
         }
       };
       // The masked copy at d64 only: at d128 its registers made ptxas spill 48 bytes

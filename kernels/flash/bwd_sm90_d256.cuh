@@ -85,9 +85,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
     store_stat(0, wt < kBwdRows ? load_stat(blk.first) : 0.f);
     sm90::mbar_wait(bar.kv_full(), 0u);
     if (blk.keys_valid < kKeys) {
-      zero_tile_rows<kColBlocks>(sK, kKeys, max(blk.keys_valid, 0), ct);
-      zero_tile_rows<kColBlocks>(sV, kKeys, max(blk.keys_valid, 0), ct);
-      sm90::fence_proxy_async_shared();
+      zero_tiles_rows<kColBlocks>(sK, sV, kKeys, max(blk.keys_valid, 0), ct);
     }
     sm90::named_barrier(1, 256);
   }
@@ -100,18 +98,11 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
     const uint32_t tQ = sQ + st * kRows, tdO = sdO + st * kRows;
     if (h != h_prev) {
       h_prev = h;
-      const bool capped = p.softcap > 0.f;
-      sc_mod = sm80::BwdScore{capped ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e,
-                              p.softcap * kLog2e,
-                              (p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch_stride + h]
-                                              : 0.f) * kLog2e,
-                              capped};
+      sc_mod = bwd_score_of(p, b, h);
     }
     sm90::mbar_wait(bar.full(st), uint32_t(it / kStages) & 1u);
     if (i0 + kBwdRows > i_hi) {  // rows past the block's last: zeros (block-uniform)
-      zero_tile_rows<kColBlocks>(tQ, kBwdRows, i_hi - i0, ct);
-      zero_tile_rows<kColBlocks>(tdO, kBwdRows, i_hi - i0, ct);
-      sm90::fence_proxy_async_shared();
+      zero_tiles_rows<kColBlocks>(tQ, tdO, kBwdRows, i_hi - i0, ct);
       sm90::named_barrier(1, 256);
     }
 
@@ -202,8 +193,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
       sm90::wgmma_commit();
     } else {
       sm90::named_barrier(2, 256);  // the dV side's P^T softcap'
-      // dS^T to sDs (keys x rows, 16-bit) for dQ = dS K: the lane's rows 8 nt + 2t, + 1
-      // of key key_w + g (+ 8) at `ds_lane` ^ 16 nt (+ 1 KB), as bwd_sm90.cuh.
+      // dS^T to sDs (keys x rows, 16-bit) for dQ = dS K (store_ds_step).
       const uint32_t ds_lane =
           sDs + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) + 4u * uint32_t(t);
 #pragma unroll
@@ -225,11 +215,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
           d[3] = pg.w * (d[3] - del.y);
         }
         sm80::accum_to_a<T>(frag[kk], sp[0][2 * kk], sp[0][2 * kk + 1]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // frag[kk][i]: key + 8 (i odd), rows + 8 (i >= 2)
-          const uint32_t at = (ds_lane + 1024u * uint32_t(i & 1)) ^ (16u * uint32_t(2 * kk + (i >> 1)));
-          asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(frag[kk][i]) : "memory");
-        }
+        store_ds_step(ds_lane, kk, frag[kk]);
       }
       sm90::fence_proxy_async_shared();
     }
