@@ -109,6 +109,10 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 }
 
 // Spelled-out operand lists: inline PTX needs every accumulator register by name.
+#define XLA_ATTN_WGMMA_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define XLA_ATTN_WGMMA_ACC16(d) \
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 #define XLA_ATTN_WGMMA_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define XLA_ATTN_WGMMA_ACC32(d) \
@@ -171,14 +175,22 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
 
 // kMNMajor: A (64 x 16) stored M-major and B (16 x N) N-major (imm-trans-a = imm-trans-b
-// = 1; 16-bit types only), as the backward's dQ = dS K reads dS^T and K as stored.
+// = 1; 16-bit types only), as the backward's dQ = dS K reads dS^T and K as stored (N = 32
+// for a half column block: B then starts 64 bytes into its 128-byte rows).
 template <int N, typename T, bool kMNMajor = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          bool accumulate) {
   constexpr bool kBf16 = kSameType<T, __nv_bfloat16>;
   static_assert(kBf16 || kSameType<T, __half>, "wgmma_ss takes __half or __nv_bfloat16");
-  static_assert(N == 64 || N == 128, "wgmma_ss: N = 64 or 128");
-  if constexpr (N == 64 && kBf16 && kMNMajor) {
+  static_assert(N == 64 || N == 128 || (N == 32 && kMNMajor),
+                "wgmma_ss: N = 64 or 128 (32: M/N-major)");
+  if constexpr (N == 32 && kBf16) {
+    XLA_ATTN_WGMMA_SS("32", XLA_ATTN_WGMMA_REGS16, XLA_ATTN_WGMMA_ACC16, "16", "17", "18", "bf16",
+                      "1, 1");
+  } else if constexpr (N == 32) {
+    XLA_ATTN_WGMMA_SS("32", XLA_ATTN_WGMMA_REGS16, XLA_ATTN_WGMMA_ACC16, "16", "17", "18", "f16",
+                      "1, 1");
+  } else if constexpr (N == 64 && kBf16 && kMNMajor) {
     XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "bf16",
                       "1, 1");
   } else if constexpr (N == 64 && kMNMajor) {

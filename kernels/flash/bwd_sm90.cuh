@@ -13,9 +13,9 @@
 //   dO^T (wgmma, both operands in shared memory), P^T = exp2(S^T - lse) and dS^T = P^T
 //   (dP^T - D) in registers (the sm80 kernel's masks, softcap and ALiBi), dV += P^T dO and
 //   dK += dS^T Q (P^T, dS^T from registers, dO and Q read N-major), and dQ = dS K (dS^T
-//   through shared memory, read M-major): at d128 over the block's 128 keys, a 64-column
-//   block per warpgroup; at d64 (one column block) over the warpgroup's own 64 keys, all
-//   columns. Added into the accumulator by bulk reductions from shared memory.
+//   through shared memory, read M-major) over the block's 128 keys, half of the columns
+//   per warpgroup (d128: a 64-column block, d64: 32 columns). Added into the accumulator
+//   by bulk reductions from shared memory.
 //
 // Rows the boxes read past a sequence (the next sequence's rows, NaN padding, keys past
 // seqused_k) are zeroed in shared memory before any product reads them: 0 x NaN is NaN.
@@ -229,14 +229,15 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   const xla_attn_flash_bwd_params& p = a.p;
   if (dkdv_padding_block<T>(p)) return;
   constexpr int kColBlocks = D / 64;
-  // dQ = dS K: at d128 warpgroup w takes column block w over all 128 keys (the other
-  // warpgroup's dS^T read from shared memory); at d64 each warpgroup takes the one
-  // column block over its own 64 keys, and both add into the same chunks (twice the
-  // adds of a column split, but no product waits for the other warpgroup's dS^T).
-  constexpr bool kOwnKeysDq = kColBlocks == 1;
-  static_assert(kOwnKeysDq || kColBlocks == kConsumerWarpgroups,
-                "dQ: one 64-column block a warpgroup, or one for all");
-  constexpr int kDqKeys = kOwnKeysDq ? 64 : kBwdKeys;
+  // dQ = dS K: warpgroup w takes columns [w D / 2, (w + 1) D / 2) over all 128 keys (the
+  // other warpgroup's dS^T read from shared memory): at d128 column block w, at d64 half
+  // of the one column block (N = 32). At d64 each warpgroup took all 64 columns over its
+  // own 64 keys before, both adding into the same chunks: twice the reductions (on an
+  // H100, ncu, S = 8192: 3.2x the kernel's L2 reads, L2 73 % busy); the split halves
+  // them at the same speed (fwd+bwd A/B, 2 rounds, S = 512 ... 16384: within 1.5 %).
+  constexpr int kDqCols = D / kConsumerWarpgroups;
+  constexpr int kDqChunks = kDqCols / sm80::kAccChunkCols;  // accumulator chunks a warp
+  static_assert(kDqChunks >= 1 && kDqCols <= 64, "dQ: at most one column block a warpgroup");
   constexpr int kNT = kBwdRows / 8;  // n8 tiles of S^T (query rows)
   constexpr int kDT = D / 8;         // n8 tiles of dK, dV
   constexpr int kSteps = kBwdRows / 16;  // k-steps of dV += P^T dO, dK += dS^T Q
@@ -470,23 +471,22 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       if (it + 1 < tiles) store_stat(it + 1, next_stat);
       sm90::named_barrier(1, 256);  // both warpgroups' dS^T rows (and the next lse / D)
 
-      // dQ = dS K (32 f32 a thread: the tile's 64 rows x 64 columns), added into the
-      // accumulator's chunks: rows 16 warp + g (+ 8) of the tile, columns 64 c + 8 j + 2t
-      // (+ 1) of column block c (d128: c = w; d64: 0). A row chunk wholly past the
-      // block's rows adds nothing (it may be the next sequence's); chunks past hd do
-      // not exist.
-      const int col_block = kOwnKeysDq ? 0 : wg;
-      const uint32_t dq_keys = kOwnKeysDq ? uint32_t(key_wg) * kRowBytes : 0u;
-      float dq[32];
-      uint64_t kcol_desc = sm90::smem_desc(sK + uint32_t(col_block) * kKVBlock + dq_keys, 0);
+      // dQ = dS K (kDqCols / 2 f32 a thread: the tile's 64 rows x kDqCols columns from
+      // dq_col0), added into the accumulator's chunks: rows 16 warp + g (+ 8) of the
+      // tile, columns dq_col0 + 8 j + 2t (+ 1). A row chunk wholly past the block's rows
+      // adds nothing (it may be the next sequence's); chunks past hd do not exist.
+      const int dq_col0 = wg * kDqCols;
+      float dq[kDqCols / 2];
+      uint64_t kcol_desc = sm90::smem_desc(
+          sK + uint32_t(dq_col0 / 64) * kKVBlock + uint32_t(dq_col0 % 64) * 2u, 0);
       asm volatile("" : "+l"(kcol_desc));
-      const uint64_t ds_desc = sm90::smem_desc(ds_buf + dq_keys, 0);
+      const uint64_t ds_desc = sm90::smem_desc(ds_buf, 0);
       sm90::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kDqKeys / 16; ++kk) {
+      for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
         const uint32_t keys_at = uint32_t(16 * kk) * kRowBytes;
-        sm90::wgmma_ss<64, T, true>(dq, sm90::desc_plus(ds_desc, keys_at),
-                                    sm90::desc_plus(kcol_desc, keys_at), kk > 0);
+        sm90::wgmma_ss<kDqCols, T, true>(dq, sm90::desc_plus(ds_desc, keys_at),
+                                         sm90::desc_plus(kcol_desc, keys_at), kk > 0);
       }
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
@@ -502,10 +502,10 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         // bulk reduction adds them. With one red.global.add.v4 per 4 floats (before),
         // the next tile waited for the reds to release their 32 source registers: 17 %
         // of the consumers' stall samples on an H100 (d128, S = 4096).
-        const int chunks = min(2, sm80::bwd_acc_col_chunks(hd) - 2 * col_block);
+        const int chunks = min(kDqChunks, sm80::bwd_acc_col_chunks(hd) - dq_col0 / 32);
         const uint32_t slice = sDq + uint32_t(ct / 32) * kBwdDqWarpBytes;
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < kDqChunks; ++u) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const float* q = &dq[16 * u + 4 * j];
@@ -519,7 +519,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         __syncwarp();
         if (lane == 0) {
           float* const acc = bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
-                             2 * col_block * sm80::kAccChunk;
+                             dq_col0 / 32 * sm80::kAccChunk;
           sm90::bulk_reduce_add_f32(acc, slice, uint32_t(chunks) * sm80::kAccChunk * 4u);
           sm90::bulk_commit();
         }

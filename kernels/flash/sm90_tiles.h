@@ -172,8 +172,8 @@ constexpr size_t kItemCounterBytes = sizeof(int);
 // d128 buckets (33-128). One block = a producer warpgroup and two consumer warpgroups of
 // 64 keys each (wgmma's M: S^T = K Q^T, dP^T = V dO^T), so 128 keys a block; tiles of
 // kBwdRows query rows of Q, dO (and their lse, D) stream through kStages stages. A
-// consumer thread holds dK and dV (D / 2 f32 each), S^T and dP^T (32 each) and 64
-// columns of dQ (32): d256's dK and dV alone would take 256. So at d256
+// consumer thread holds dK and dV (D / 2 f32 each), S^T and dP^T (32 each) and D / 2
+// columns of dQ (D / 4): d256's dK and dV alone would take 256. So at d256
 // (flash/bwd_sm90_d256.cuh) both consumer warpgroups share a block of 64 keys, one
 // holding dV (128 f32), the other dK.
 constexpr int kBwdKeys = 64 * kConsumerWarpgroups;
