@@ -63,22 +63,19 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
   const int key_w = 16 * warp;  // the warp's keys, block-relative (both warpgroups)
   float grad[1][kDT][4] = {};   // dV (dv_side) or dK
   float(&grad_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(grad);
-  // A tile's lse (the dV side's threads 0-63, as -lse log2 e: the exponent's FFMA takes
-  // it as is) and D (the dK side's threads 0-63), zeros past i_hi, loaded a tile ahead
-  // into sStat (two buffers) and published by the tile's dS^T barrier.
+  // A tile's lse (the dV side's threads 0-63, stored as -lse log2 e) and D (the dK
+  // side's threads 0-63), zeros past i_hi, loaded a tile ahead into sStat (two buffers)
+  // and published by the tile's dS^T barrier.
   auto load_stat = [&](const BwdTileCursor& c) {
     const int i = i_lo + c.row * kBwdRows + wt;
     const float* src = dv_side ? p.softmax_lse : bwd_delta(p);
-    const float x =
-        i < i_hi ? src[int64_t(blk.hk * blk.group + c.head) * p.total_q + s.q_start + i] : 0.f;
-    return dv_side ? x * -kLog2e : x;
+    return i < i_hi ? src[int64_t(blk.hk * blk.group + c.head) * p.total_q + s.q_start + i]
+                    : 0.f;
   };
   auto store_stat = [&](int it, float x) {
     if (wt < kBwdRows) {
-      asm volatile("st.shared.f32 [%0], %1;" ::"r"(sStat + uint32_t(it % 2) * kStatBytes +
-                                                   4u * uint32_t(wg * kBwdRows + wt)),
-                   "f"(x)
-                   : "memory");
+      store_stat_scaled(sStat + uint32_t(it % 2) * kStatBytes + 4u * uint32_t(wg * kBwdRows + wt),
+                        x, dv_side ? -kLog2e : 1.f);
     }
   };
   if (blk.tiles > 0) {
