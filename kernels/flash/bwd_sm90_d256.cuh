@@ -130,6 +130,20 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
     const uint32_t stat = sStat + uint32_t(it % 2) * kStatBytes;
     const uint32_t p_lane = sP + 16u * uint32_t(wt);
     uint32_t frag[kSteps][4];  // P^T (dV side) or dS^T, as wgmma A fragments
+    // grad += frag x the stage's tile `rows` (dO or Q): k-steps of 16 rows (2 KB of the
+    // tile), N = 256 across the column blocks (the leading offset).
+    auto add_grad = [&](uint32_t rows) {
+      sm90::wgmma_hold(grad_flat);
+      sm90::wgmma_hold(frag);
+      sm90::wgmma_fence();
+      const uint64_t rows_desc = sm90::smem_desc(rows, kRowsBlock);
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+        sm90::wgmma_rs<D, T>(grad_flat, frag[kk],
+                             sm90::desc_plus(rows_desc, uint32_t(kk) * 16u * kRowBytes));
+      }
+      sm90::wgmma_commit();
+    };
     if (dv_side) {
       const bool mask = (i0 < blk.full_lo) | (i0 + kBwdRows > blk.full_hi);
       // P^T and P^T softcap': the common tile (no mask, softcap or ALiBi) an FFMA and
@@ -176,18 +190,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
         probs(true);
       }
       sm90::named_arrive(2, 256);  // P^T softcap' is in sP
-      // dV += P^T dO: k-steps of 16 rows (2 KB of a stage), N = 256 across the column
-      // blocks (the leading offset).
-      sm90::wgmma_hold(grad_flat);
-      sm90::wgmma_hold(frag);
-      sm90::wgmma_fence();
-      const uint64_t do_desc = sm90::smem_desc(tdO, kRowsBlock);
-#pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) {
-        sm90::wgmma_rs<D, T>(grad_flat, frag[kk],
-                             sm90::desc_plus(do_desc, uint32_t(kk) * 16u * kRowBytes));
-      }
-      sm90::wgmma_commit();
+      add_grad(tdO);               // dV += P^T dO
     } else {
       sm90::named_barrier(2, 256);  // the dV side's P^T softcap'
       // dS^T to sDs (keys x rows, 16-bit) for dQ = dS K (store_ds_step).
@@ -218,18 +221,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
     }
     if (it + 1 < blk.tiles) store_stat(it + 1, next_stat);
     sm90::named_barrier(3, 256);  // dS^T (and the next tile's lse / D)
-    if (!dv_side) {  // dK += dS^T Q
-      sm90::wgmma_hold(grad_flat);
-      sm90::wgmma_hold(frag);
-      sm90::wgmma_fence();
-      const uint64_t q_desc = sm90::smem_desc(tQ, kRowsBlock);
-#pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) {
-        sm90::wgmma_rs<D, T>(grad_flat, frag[kk],
-                             sm90::desc_plus(q_desc, uint32_t(kk) * 16u * kRowBytes));
-      }
-      sm90::wgmma_commit();
-    }
+    if (!dv_side) add_grad(tQ);  // dK += dS^T Q
 
     // dQ = dS K over the block's 64 keys: column blocks 2 wg and 2 wg + 1 (64 f32 a
     // thread: the tile's 64 rows x 128 columns).

@@ -146,10 +146,8 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   // many items each).
   const bool counter =
       params.workspace && size_t(params.workspace_bytes) >= flash_sm90::kItemCounterBytes;
-  int64_t forced_blocks = 0;
-  if (const char* n = std::getenv("XLA_ATTN_SM90_BLOCKS"); n && std::atoll(n) > 0) {
-    forced_blocks = std::atoll(n);
-  }
+  const char* blocks_env = std::getenv("XLA_ATTN_SM90_BLOCKS");
+  const int64_t forced_blocks = blocks_env ? std::max<int64_t>(std::atoll(blocks_env), 0) : 0;
   const bool walk = !paged && flash_sm90::has_walk(d) &&
                     (forced_blocks > 0 || (flash_sm90::walks(d, params.max_seqlen_q) &&
                                            (counter || params.window_right < 0)));
