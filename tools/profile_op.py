@@ -27,7 +27,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64, help="decode batch")
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--fp8", action="store_true", help="decode over a float8_e4m3fn cache")
+    p.add_argument("--fp8", action="store_true",
+                   help="fwd: float8_e4m3fn q, k, v (flash_attn_varlen, bf16 out); decode: over a "
+                   "float8_e4m3fn cache")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--pipelined", action="store_true",
                    help="also time --repeats calls issued back to back with one sync at the end")
@@ -47,7 +49,15 @@ def main() -> None:
         def fwd(q, k, v):
             return xj.flash_attn(q, k, v, causal=args.causal)
 
-        if args.op == "fwd":
+        if args.fp8:
+            if args.op != "fwd":
+                p.error("--fp8 runs the forward only")
+            q, k, v = (x.reshape(b * s, h, d).astype(jnp.float8_e4m3fn) for x in (q, k, v))
+            cu = jnp.arange(0, b * s + 1, s, dtype=jnp.int32)
+            fn = jax.jit(lambda q, k, v, cu: xj.flash_attn_varlen(q, k, v, cu, cu, s, s,
+                                                                  causal=args.causal))
+            inputs = (q, k, v, cu)
+        elif args.op == "fwd":
             fn, inputs = jax.jit(fwd), (q, k, v)
         else:
             fn = jax.jit(jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(),

@@ -206,7 +206,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       const int ring = kind == kFullV ? kVRing : kKRing, st = j % ring;
       if (j >= ring) {
         const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
-        sm90::mbar_wait(bar(release, st), uint32_t(j / ring - 1) & 1u);
+        sm90::mbar_wait_parked(bar(release, st), uint32_t(j / ring - 1) & 1u);
       }
       const int n0 = n_lo + j * kBlockN;
       if (!paged) {
@@ -295,14 +295,15 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     auto issue_s = [&](int j) {
       const int st = j % kKRing;
       sm90::mbar_wait(bar(kFullK, st), parity(j, kKRing));
+      // descriptors built once, each k-step's an add (desc_plus)
+      const uint64_t q_desc = sm90::smem_desc(sQ + row0 * kRowBytes, 16);
+      const uint64_t k_desc = sm90::smem_desc(sK + st * kKVBytes, 16);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
-        const uint32_t at = uint32_t(kk / 4) * kQBlockBytes + uint32_t(kk % 4) * 32u;
-        const uint64_t dq = sm90::smem_desc(sQ + at + row0 * kRowBytes, 16);
-        const uint64_t dk =
-            sm90::smem_desc(sK + st * kKVBytes + uint32_t(kk / 4) * kKVBlockBytes +
-                                uint32_t(kk % 4) * 32u, 16);
+        const uint32_t in_row = uint32_t(kk % 4) * 32u;
+        const uint64_t dq = sm90::desc_plus(q_desc, uint32_t(kk / 4) * kQBlockBytes + in_row);
+        const uint64_t dk = sm90::desc_plus(k_desc, uint32_t(kk / 4) * kKVBlockBytes + in_row);
         if constexpr (kFp8) {
           sm90::wgmma_ss_e4m3<kBlockN>(s_flat, dq, dk, kk > 0);
         } else {
@@ -340,24 +341,26 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       const int st = j % kPvRing;
       if constexpr (kFp8) {
         sm90::mbar_wait(bar(kFullVt, st), parity(j, kVtRing));
+        const uint64_t vt_desc = sm90::smem_desc(sVt + st * kVtBytes, 16);
         sm90::wgmma_hold(o_flat);
         sm90::wgmma_hold(pa);
         sm90::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kPSteps; ++kk) {
-          const uint64_t dv = sm90::smem_desc(sVt + st * kVtBytes + uint32_t(kk) * 32u, 16);
+          const uint64_t dv = sm90::desc_plus(vt_desc, uint32_t(kk) * 32u);
           sm90::wgmma_rs_e4m3<D>(o_flat, pa[kk], dv);
         }
         sm90::wgmma_commit();
       } else {
       const uint32_t tV = sV + st * kKVBytes;
       sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
+      const uint64_t v_desc = sm90::smem_desc(tV, kKVBlockBytes);
       sm90::wgmma_hold(o_flat);
       sm90::wgmma_hold(pa);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint64_t dv = sm90::smem_desc(tV + uint32_t(kk) * 16u * kRowBytes, kKVBlockBytes);
+        const uint64_t dv = sm90::desc_plus(v_desc, uint32_t(kk) * 16u * kRowBytes);
         sm90::wgmma_rs<D, T>(o_flat, pa[kk], dv);
       }
       sm90::wgmma_commit();
