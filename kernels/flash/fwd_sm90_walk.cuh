@@ -295,13 +295,13 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
     // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O
     // is rescaled once it has landed.
-    // With two consumer warpgroups, FA3's ping-pong: they take turns issuing their
+    // With two 16-bit consumer warpgroups, FA3's ping-pong: they take turns issuing their
     // products (named barriers kTurnBarrier + wg: wait for one's turn, then hand it to
     // the other), so that one's products run while the other computes its softmax
     // instead of both contending for the tensor cores and then both leaving them idle.
     // Warpgroup 0 goes first, over the block's whole walk; it takes one more turn after
     // its last item, so that every hand-over is waited for.
-    constexpr bool kPingPong = kWgs == 2;
+    constexpr bool kPingPong = ping_pong(kWgs, kEB);  // 16-bit only (sm90_tiles.h)
     auto my_turn = [&] {
       if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
     };

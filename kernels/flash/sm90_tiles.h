@@ -61,6 +61,14 @@ XLA_ATTN_HOST_DEVICE constexpr bool fp8_covers(int head_dim) {
 // O 64 registers at d128); d256 takes 64 so that O's 128 registers fit beside S.
 XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 128 : 64; }
 
+// The forward's two consumer warpgroups take turns issuing their products (ping-pong,
+// fwd_sm90.cuh) at 16 bits. Not at fp8: its products take ~1024 cycles a block tile
+// against a softmax of ~2000 (ncu, H100, d128 S=8192: docs/benchmarks.md, 2026-11-25
+// (13)), so each warpgroup found its turn late and waited on it; without turns, H100
+// same run: fp8 d128 +0..+5 % (S=512 +4.7 %, 8192 +3.8 %), d64 +2 %; bf16 d128 without
+// them -2..+4 %, so it keeps them.
+XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb) { return wgs == 2 && eb == 2; }
+
 // K/V tiles in flight: the producer fills stage j + 1 while tile j is computed. fp8 (half
 // the bytes a tile, twice the product rate) rings K and the copied V through 4 stages and
 // its V^T tiles through 3, so that copies and transposes run further ahead of products
