@@ -49,5 +49,13 @@ def test_near_hmma_counts_operands_an_ldsm_just_wrote():
     assert sr.near_hmma(sr.kernels_of(SASS)["kern_b"], 6) == 0  # no LDSM at all
 
 
+def test_count_gmma_takes_every_wgmma_kind():
+    ops = [sr.opcode(x) for x in ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;",
+                                  "QGMMA.64x128x32.F32.E4M3.E4M3 R88, gdesc[UR24], RZ, !UPT ;",
+                                  "HMMA.16816.F32.BF16 R20, R4, R10, RZ ;",
+                                  "WARPGROUP.ARRIVE ;")]
+    assert sr.count_gmma(ops) == 2
+
+
 def test_ptxas_info():
     assert sr.ptxas_info(PTXAS) == {"kern_a": (255, 40, 64), "kern_b": (96, 0, 0)}

@@ -5,7 +5,7 @@
 The module is compiled as the build compiles it (NVRTC to PTX for --ptx-arch, ptxas to a
 cubin for --sm), then disassembled. Per kernel it prints: registers and spill bytes (ptxas
 -v), SASS instructions, HMMA, the HMMA whose A or B operand an LDSM wrote fewer than
---near instructions earlier (such an mma stalls on shared memory), MUFU, local-memory
+--near instructions earlier (such an mma stalls on shared memory), wgmma (GMMA), MUFU, local-memory
 loads and stores, and block barriers.
 
 Why this check exists: on 2026-11-23, ncu on an H100 traced most of the sm80 forward's
@@ -16,11 +16,13 @@ The softmax's exponentials were also kept out of the P V mma's basic block, whic
 MUFU runs apart from HMMA runs. docs/benchmarks.md has the measurements.
 
 Needs the build's CUDA wheels (NVRTC and ptxas, pyproject.toml's build-system.requires)
-and cuobjdump, either on PATH or from `pip install nvidia-cuda-cuobjdump`.
+and cuobjdump with nvdisasm, either on PATH or from `pip install nvidia-cuda-cuobjdump
+nvidia-cuda-nvdisasm`.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import re
 import shutil
@@ -38,14 +40,25 @@ PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 PTXAS_REGS = re.compile(r"Used (\d+) registers")
 
 
-def cuobjdump() -> str:
-    found = shutil.which("cuobjdump")
+def _nvidia_tool(name: str) -> str | None:
+    """A CUDA tool on PATH, else from an nvidia-* wheel's bin folder."""
+    found = shutil.which(name)
     if found:
         return found
     for base in {sysconfig.get_paths()["purelib"], *sys.path}:
-        for candidate in pathlib.Path(base or ".").glob("nvidia/*/bin/cuobjdump"):
+        for candidate in pathlib.Path(base or ".").glob(f"nvidia/*/bin/{name}"):
             return str(candidate)
-    raise SystemExit("sass_report: no cuobjdump on PATH; `pip install nvidia-cuda-cuobjdump`")
+    return None
+
+
+def cuobjdump() -> tuple[str, dict[str, str]]:
+    """cuobjdump and the environment it runs in: it disassembles through nvdisasm, which
+    it looks for on PATH or NVDISASM_PATH (the CUDA 13 wheels ship them apart)."""
+    tool, disasm = _nvidia_tool("cuobjdump"), _nvidia_tool("nvdisasm")
+    if not tool or not disasm:
+        raise SystemExit("sass_report: needs cuobjdump and nvdisasm on PATH; "
+                         "`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`")
+    return tool, dict(os.environ, NVDISASM_PATH=str(pathlib.Path(disasm).parent))
 
 
 def opcode(instruction: str) -> str:
@@ -67,6 +80,11 @@ def kernels_of(sass: str) -> dict[str, list[str]]:
             if m:
                 current.append(m.group(1))
     return out
+
+
+def count_gmma(ops: list[str]) -> int:
+    """Hopper's warpgroup products (wgmma): HGMMA (16-bit), QGMMA (fp8), IGMMA, BGMMA."""
+    return sum(op.endswith("GMMA") for op in ops)
 
 
 def near_hmma(instructions: list[str], near: int) -> int:
@@ -121,19 +139,20 @@ def main(argv: list[str] | None = None) -> int:
         log = subprocess.run([str(tk["ptxas"]), f"-arch=sm_{args.sm}", *bk.PTXAS_FLAGS, "-v",
                               str(src), "-o", str(cubin)], check=True, capture_output=True,
                              text=True)
-        sass = subprocess.run([cuobjdump(), "-sass", str(cubin)], check=True,
-                              capture_output=True, text=True).stdout
+        tool, env = cuobjdump()
+        sass = subprocess.run([tool, "-sass", str(cubin)], check=True, capture_output=True,
+                              text=True, env=env).stdout
     info = ptxas_info(log.stdout + log.stderr)
     print(f"{args.module}: compute_{args.ptx_arch} PTX -> sm_{args.sm}")
     print(f"{'kernel':44} {'regs':>4} {'spill st/ld':>11} {'instr':>6} {'HMMA':>5} "
-          f"{'near':>5} {'MUFU':>5} {'LDL/STL':>7} {'BAR':>4}")
+          f"{'near':>5} {'GMMA':>5} {'MUFU':>5} {'LDL/STL':>7} {'BAR':>4}")
     for name, ins in sorted(kernels_of(sass).items()):
         if not re.search(args.kernel, name):
             continue
         ops = [opcode(x) for x in ins]
         regs, st, ld = info.get(name, (0, 0, 0))
         print(f"{name:44} {regs:4} {f'{st}/{ld}':>11} {len(ins):6} {ops.count('HMMA'):5} "
-              f"{near_hmma(ins, args.near):5} {ops.count('MUFU'):5} "
+              f"{near_hmma(ins, args.near):5} {count_gmma(ops):5} {ops.count('MUFU'):5} "
               f"{ops.count('LDL') + ops.count('STL'):7} {ops.count('BAR'):4}")
     return 0
 
