@@ -32,35 +32,33 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 }
 // Spins until the barrier's phase of parity `parity` has completed; the copies it
 // counted are then visible to the waiting thread.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;"
-        " selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// The same for the forward's copying thread, which waits on its consumers (a stage to
+// kParked, for the forward's copying thread, which waits on its consumers (a stage to
 // refill, a Q buffer): each try may suspend the thread up to the hint (10 ms; the
 // phase's completion wakes it) instead of returning at once, so that its retries take
 // no issue slots from the consumer warps on its scheduler. ncu on an H100 (fp8 d128
 // forward, S=8192) counted that thread's retry loop at 46 M instructions, 7 % of the
 // kernel's; H100 A/B with the forward's descriptor adds (same run): bf16 d64 +2..3 %,
 // d256 +4 %, d128 and fp8 within +-2 %.
-__device__ __forceinline__ void mbar_wait_parked(uint32_t bar, uint32_t parity) {
+template <bool kParked = false>
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   constexpr uint32_t kSuspendNs = 10000000;
   uint32_t done;
   do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;"
-        " selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity), "r"(kSuspendNs)
-        : "memory");
+    if constexpr (kParked) {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;"
+          " selp.u32 %0, 1, 0, p; }"
+          : "=r"(done)
+          : "r"(bar), "r"(parity), "r"(kSuspendNs)
+          : "memory");
+    } else {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;"
+          " selp.u32 %0, 1, 0, p; }"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    }
   } while (!done);
 }
 

@@ -206,7 +206,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       const int ring = kind == kFullV ? kVRing : kKRing, st = j % ring;
       if (j >= ring) {
         const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
-        sm90::mbar_wait_parked(bar(release, st), uint32_t(j / ring - 1) & 1u);
+        sm90::mbar_wait</*kParked=*/true>(bar(release, st), uint32_t(j / ring - 1) & 1u);
       }
       const int n0 = n_lo + j * kBlockN;
       if (!paged) {

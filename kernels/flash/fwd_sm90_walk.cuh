@@ -167,7 +167,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       const int ring = kind == kFullV ? kVRing : kKRing, st = g % ring;
       if (g >= ring) {
         const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
-        sm90::mbar_wait_parked(bar(release, st), parity(g - ring, ring));
+        sm90::mbar_wait</*kParked=*/true>(bar(release, st), parity(g - ring, ring));
       }
       if (!paged) {
         sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
@@ -256,7 +256,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         const bool over = item >= a.items;
         const int qb = qi % kQBufs;
         if (threadIdx.x == 0) {
-          if (qi >= kQBufs) sm90::mbar_wait_parked(q_empty(qb), parity(qi - kQBufs, kQBufs));
+          if (qi >= kQBufs)
+            sm90::mbar_wait</*kParked=*/true>(q_empty(qb), parity(qi - kQBufs, kQBufs));
           copy_q(blk, qb, work, over ? -1 : item);
         }
         if (over) break;
