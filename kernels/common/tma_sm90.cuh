@@ -89,6 +89,17 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const TensorMap* map, 
       : "memory");
 }
 
+// The reverse: the box at coordinates c0..c2 from shared address src (laid out as a load
+// of the same map would land it) into global memory, in this thread's current bulk group.
+// Elements outside the tensor are not written.
+__device__ __forceinline__ void tma_store_3d(const TensorMap* map, uint32_t src, int c0, int c1,
+                                             int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+
 // Bulk (non-tensor) reduction: adds `bytes` (a multiple of 16) of f32 from shared memory
 // at `src` into global memory at `dst` (both 16-byte aligned), in this thread's current
 // bulk group. The copy engine does the adds in L2, so the issuing warp neither holds

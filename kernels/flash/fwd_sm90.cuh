@@ -49,6 +49,52 @@
 namespace xla_attn {
 namespace flash_sm90 {
 
+// A consumer warpgroup's 64 rows of O (block rows row0 .., the block's first at query
+// m0), staged by its threads (wt: 0 .. 127) as T in the Q tile layout at sQ (column
+// blocks of kBlockM 128-byte rows, 128-byte swizzled), out to p.out. Where all 64 rows
+// are the sequence's, one thread copies them out by bulk tensor stores (o_map, a box a
+// column block; columns past head_dim are clipped by the map) and waits until the copy
+// engine has read the rows, so that the buffer can take the next Q; else (a sequence's
+// last rows, whose neighbours belong to the next one, or out not 16-byte aligned) every
+// thread copies 16-byte chunks of its rows. The threads' copy loop was 11 % of the d128
+// walk's warp samples at S = 512 (ncu, H100: 30 instructions a chunk, 8 chunks a thread).
+template <typename T, int D, int kBlockM>
+__device__ __forceinline__ void write_o_rows(const Args& a, uint32_t sQ, int row0, int m0,
+                                             const Sequence& s, int h, int hd, int wt, int wg) {
+  constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;
+  constexpr int kColBlocks = D * 2 / kRowBytes;
+  const xla_attn_flash_fwd_params& p = a.p;
+  if (a.o_by_copy && m0 + row0 + kOStoreRows <= s.num_q) {
+    sm90::fence_proxy_async_shared();  // the staging stores before the copy engine's reads
+    sm90::named_barrier(2 + wg, 128);
+    if (wt == 0) {
+#pragma unroll
+      for (int c = 0; c < kColBlocks; ++c) {
+        sm90::tma_store_3d(&a.o_map, sQ + c * kQBlockBytes + uint32_t(row0) * kRowBytes, 64 * c,
+                           h, int(s.q_start + m0 + row0));
+      }
+      sm90::bulk_commit();
+      sm90::bulk_wait<0, /*kRead=*/true>();
+    }
+    return;
+  }
+  sm90::named_barrier(2 + wg, 128);
+  T* out = static_cast<T*>(p.out) + int64_t(h) * hd;
+  const int64_t q_stride = int64_t(p.num_heads) * hd;
+  const bool vec_out = aligned_to<T>(p.out, 16);
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a row
+  for (int idx = wt; idx < kOStoreRows * kChunks; idx += 128) {
+    const int r = row0 + idx / kChunks, c = idx % kChunks, i = m0 + r;
+    if (i >= s.num_q || c * 8 >= hd) continue;
+    uint4 x;
+    const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, c);
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                 : "r"(at));
+    sm80::store_chunk(out + (s.q_start + i) * q_stride, x, c * 8, hd, vec_out);
+  }
+}
+
 // One kBlockN x 128-byte V tile of e4m3 (rows = keys, 128-byte swizzled as the copy
 // engine lands it) into V^T (rows = head dims, kBlockN = 128 bytes of keys, swizzled the
 // same way), as the K-major B operand of P V, by the producer's transposing warps. Keys
@@ -132,7 +178,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   const uint32_t sQ = base;
   const uint32_t sK = sQ + uint32_t(q_bytes(D, kWgs, kEB));
   // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
-  constexpr int kKRing = k_stages(kEB), kVRing = v_stages(kEB), kVtRing = vt_stages(kEB);
+  constexpr int kKRing = k_stages(D, kEB), kVRing = v_stages(D, kEB), kVtRing = vt_stages(kEB);
   constexpr int kPvRing = kFp8 ? kVtRing : kVRing;
   const uint32_t sV = sK + kKRing * kKVBytes;
   const uint32_t sVt = sV + kVRing * kKVBytes;
@@ -538,21 +584,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
             sum > 0.f ? m[0][hf] * kLn2 + __logf(sum) : XLA_ATTN_INF;
       }
     }
-    if constexpr (kFp8) return;
-    sm90::named_barrier(2 + wg, 128);
-    T* out = static_cast<T*>(p.out) + int64_t(h) * hd;
-    const bool vec_out = aligned_to<T>(p.out, 16);
-    constexpr int kChunks = D / 8;  // 16-byte chunks of a row
-    for (int idx = ct % 128; idx < 64 * kChunks; idx += 128) {
-      const int r = row0 + idx / kChunks, c = idx % kChunks, i = m0 + r;
-      if (i >= s.num_q || c * 8 >= hd) continue;
-      uint4 x;
-      const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, c);
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                   : "r"(at));
-      sm80::store_chunk(out + (s.q_start + i) * q_stride, x, c * 8, hd, vec_out);
-    }
+    if constexpr (!kFp8) write_o_rows<T, D, kBlockM>(a, sQ, row0, m0, s, h, hd, ct % 128, wg);
   }
 }
 

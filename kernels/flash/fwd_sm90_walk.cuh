@@ -69,7 +69,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   const uint32_t sQ0 = base;  // Q buffer qb at sQ0 + qb * kQBytes
   const uint32_t sK = sQ0 + kQBufs * kQBytes;
   // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
-  constexpr int kKRing = k_stages(kEB), kVRing = v_stages(kEB), kVtRing = vt_stages(kEB);
+  constexpr int kKRing = k_stages(D, kEB), kVRing = v_stages(D, kEB), kVtRing = vt_stages(kEB);
   constexpr int kPvRing = kFp8 ? kVtRing : kVRing;
   const uint32_t sV = sK + kKRing * kKVBytes;
   const uint32_t sVt = sV + kVRing * kKVBytes;
@@ -584,22 +584,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
               sum > 0.f ? m[0][hf] * kLn2 + __logf(sum) : XLA_ATTN_INF;
         }
       }
-      if constexpr (!kFp8) {
-        sm90::named_barrier(2 + wg, 128);
-        T* out = static_cast<T*>(p.out) + int64_t(h) * hd;
-        const bool vec_out = aligned_to<T>(p.out, 16);
-        constexpr int kChunks = D / 8;  // 16-byte chunks of a row
-        for (int idx = tid % 128; idx < 64 * kChunks; idx += 128) {
-          const int r = row0 + idx / kChunks, c = idx % kChunks, i = m0 + r;
-          if (i >= s.num_q || c * 8 >= hd) continue;
-          uint4 x;
-          const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, c);
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                       : "r"(at));
-          sm80::store_chunk(out + (s.q_start + i) * q_stride, x, c * 8, hd, vec_out);
-        }
-      }
+      if constexpr (!kFp8) write_o_rows<T, D, kBlockM>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
       return tiles;
     };
     FwdBlock blk;

@@ -183,6 +183,12 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                    box, eb).empty()) {
     return false;
   }
+  // O by bulk tensor stores (16-bit; fp8's bf16 O is stored from registers) where the
+  // copy engine can write it, else by the consumer threads.
+  args.o_by_copy = !fp8 && aligned16(params.out) &&
+                   encode_rows(&args.o_map, params.out, params.total_q, params.num_heads,
+                               params.head_dim, flash_sm90::kOStoreRows)
+                       .empty();
   // The items (Args): the walk's blocks (one an SM: one block fits an SM) claim them from
   // a counter in the workspace as they finish one; otherwise one block an item, the grid
   // (row blocks, heads, batch + 1).

@@ -72,11 +72,20 @@ XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb) { return wgs == 2
 // K/V tiles in flight: the producer fills stage j + 1 while tile j is computed. fp8 (half
 // the bytes a tile, twice the product rate) rings K and the copied V through 4 stages and
 // its V^T tiles through 3, so that copies and transposes run further ahead of products
-// that finish sooner. Barriers are laid out for kMaxStages per kind.
+// that finish sooner. 16-bit: V_j is released a whole tile later than K_j (after P V_j,
+// not S_j) and the producer copies K_j, V_j in order, so V's ring bounds how far both
+// run ahead: 3 V stages at d128 / d256 (227 KB with the walk's two Q buffers), 4 and 4 at
+// d64 (its tiles are half the size). H100, same run, against 2 and 2 (with O's bulk
+// stores): d64 S=512 full +9 %, S=1024 +5 %, d256 +3..+5 %, d128 +0..+2 %; S=16384 alike.
+// Barriers are laid out for kMaxStages per kind.
 constexpr int kStages = 2;
 constexpr int kMaxStages = 4;
-XLA_ATTN_HOST_DEVICE constexpr int k_stages(int eb) { return eb == 1 ? 4 : kStages; }
-XLA_ATTN_HOST_DEVICE constexpr int v_stages(int eb) { return eb == 1 ? 4 : kStages; }
+XLA_ATTN_HOST_DEVICE constexpr int k_stages(int d, int eb) {
+  return eb == 1 ? 4 : d <= 64 ? 4 : kStages;
+}
+XLA_ATTN_HOST_DEVICE constexpr int v_stages(int d, int eb) {
+  return eb == 1 ? 4 : d <= 64 ? 4 : 3;
+}
 XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int eb) { return eb == 1 ? 3 : 0; }
 
 // Named barriers (0 is __syncthreads): 1 the consumers' V-tail zeroing, 2 + wg each
@@ -114,7 +123,7 @@ XLA_ATTN_HOST_DEVICE constexpr int barrier_bytes(int eb) {
 XLA_ATTN_HOST_DEVICE constexpr int valid_bytes(int d) { return 3 * 4 * block_n(d); }
 XLA_ATTN_HOST_DEVICE constexpr int layout_bytes(int d, int wgs, int eb, int q_buffers) {
   return kAlign + q_buffers * q_bytes(d, wgs, eb) +
-         (k_stages(eb) + v_stages(eb)) * kv_bytes(d, eb) + vt_stages(eb) * vt_bytes(d, eb) +
+         (k_stages(d, eb) + v_stages(d, eb)) * kv_bytes(d, eb) + vt_stages(eb) * vt_bytes(d, eb) +
          barrier_bytes(eb) + valid_bytes(d);
 }
 // A block walks several (row block, head, sequence) items where the grid would take
@@ -166,9 +175,14 @@ constexpr int kTargetBlocks = 132;
 // claims past the first gridDim.x, so that a block that finishes early takes more (row
 // blocks under a causal mask cost 1 ... row_blocks tiles). Without a counter (no
 // workspace), items i + gridDim.x, i + 2 gridDim.x, ...
+// o_map (16-bit only, where o_by_copy: out 16-byte aligned) views the output as Q's map
+// does, in boxes of 64 rows: a consumer warpgroup's rows of O, staged in its rows of the
+// Q buffer, go out by bulk tensor stores (fwd_sm90.cuh, write_o_rows).
+constexpr int kOStoreRows = 64;  // a consumer warpgroup's rows
 struct Args {
   xla_attn_flash_fwd_params p;
-  sm90::TensorMap q_map, k_map, v_map;
+  sm90::TensorMap q_map, k_map, v_map, o_map;
+  int o_by_copy;
   int kv_box_rows;
   int row_blocks;
   int items;
