@@ -149,7 +149,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   const char* blocks_env = std::getenv("XLA_ATTN_SM90_BLOCKS");
   const int64_t forced_blocks = blocks_env ? std::max<int64_t>(std::atoll(blocks_env), 0) : 0;
   const bool walk = !paged && flash_sm90::has_walk(d) &&
-                    (forced_blocks > 0 || (flash_sm90::walks(d, params.max_seqlen_q) &&
+                    (forced_blocks > 0 || (flash_sm90::walks(d, params.max_seqlen_q, eb) &&
                                            (counter || params.window_right < 0)));
   const char* walk_suffix = walk ? "_walk" : "";
   // d64: three consumer warpgroups (op flash_fwd_tma_m192) where they pay (sm90_tiles.h,

@@ -143,7 +143,7 @@ static_assert(smem_bytes(256, 2) <= kSmemLimit && smem_bytes(128, 2, 1, true) <=
 static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 && q_buffers(128, 2, 1) == 2,
               "d64 / d128 (16-bit and fp8) are meant to double their Q buffers");
 
-// The persistent walk (fwd_sm90.cuh, kWalk) where it measured faster than one block an
+// The persistent walk (fwd_sm90_walk.cuh) where it measured faster than one block an
 // item. H100, the same run, bf16, B x S = 16384, S = 512 / 1024 / 2048 / 4096 / 8192 /
 // 16384, walk / one block an item: d64 full 1.23 / 1.16 / 1.12 / 1.09 / 1.09 / 1.07x,
 // causal 1.12 / 1.03 / 1.15 / 1.11 / 1.08 / 1.06x; d128 full 1.08 / 1.01 / 0.98 / 0.95 /
@@ -151,10 +151,15 @@ static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 && q_buffers(128, 
 // 512, 1.00x at 2048; d256 0.80 - 0.95x (its single Q buffer: no copy ahead). Causal rows
 // need the item counter (Args): without it (no workspace) only rows without a right
 // mask edge, which cost alike.
+// With O's bulk stores and 3 V stages (2026-11-25, H100, same run, walk / one block an
+// item): bf16 d128 S = 1024 1.02x, 2048 0.93 / 0.96x (full / causal), 4096 0.96 /
+// 0.94x; fp8 d128 S = 2048 1.06 / 1.09x, 4096 causal 1.02x. So fp8 walks to 2048 rows.
 constexpr int kWalkMaxRowsD128 = 1024;
+constexpr int kWalkMaxRowsFp8 = 2048;
 XLA_ATTN_HOST_DEVICE constexpr bool has_walk(int d) { return d <= 128; }
-XLA_ATTN_HOST_DEVICE constexpr bool walks(int d, int max_seqlen_q) {
-  return d == 64 || (d == 128 && max_seqlen_q <= kWalkMaxRowsD128);
+XLA_ATTN_HOST_DEVICE constexpr bool walks(int d, int max_seqlen_q, int eb = 2) {
+  return d == 64 ||
+         (d == 128 && max_seqlen_q <= (eb == 1 ? kWalkMaxRowsFp8 : kWalkMaxRowsD128));
 }
 
 // Split-KV is not this family's: where the grid cannot fill the GPU by itself (one
