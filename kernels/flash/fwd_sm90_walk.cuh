@@ -546,7 +546,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
 
       // Epilogue: O normalised and rounded, staged in this warpgroup's own rows of sQ
       // (its last S product has completed; the other warpgroup reads only its own rows)
-      // in the tile layout, then written as 16-byte chunks of whole rows; lse per row.
+      // in the tile layout, then written out (write_o_rows); lse per row.
       const int64_t q_stride = int64_t(p.num_heads) * hd;
       // fp8: O is scaled by v_descale and, bf16 being wider than the Q rows it would be
       // staged in, stored from registers (pairs of columns).
