@@ -1,0 +1,41 @@
+"""tools/ab_wheels.py's parts that need no GPU: config parsing, wheel lookup, the table."""
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
+import ab_wheels as ab  # noqa: E402
+
+
+def test_configs_parse():
+    assert ab.parse_configs("bf16:128:512:causal, fp8:128:8192,") == [
+        ("bf16", 128, 512, True), ("fp8", 128, 8192, False)]
+    assert len(ab.parse_configs(ab.DEFAULT_CONFIGS)) == 9
+
+
+@pytest.mark.parametrize("bad", ["f32:128:512", "bf16:128", "bf16:128:512:full",
+                                 "bf16:128:500", "bf16:96:512"])
+def test_bad_configs_say_what_is_expected(bad):
+    with pytest.raises(ValueError, match="config"):
+        ab.parse_configs(bad)
+
+
+def test_wheel_folder_and_its_env(tmp_path):
+    (tmp_path / "x-0.1-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / "env.json").write_text(json.dumps({"XLA_ATTN_SM90_BLOCKS": "132"}))
+    whl, env = ab.wheel_file(str(tmp_path))
+    assert whl.name == "x-0.1-py3-none-any.whl" and env == {"XLA_ATTN_SM90_BLOCKS": "132"}
+    (tmp_path / "y-0.1-py3-none-any.whl").write_bytes(b"")
+    with pytest.raises(SystemExit, match="2 wheels"):
+        ab.wheel_file(str(tmp_path))
+
+
+def test_table_takes_the_best_round_and_ratios_to_the_first():
+    rounds = {"a": [{"bf16 d128 S512 full": (400.0, 2e-3)}, {"bf16 d128 S512 full": (410.0, 2e-3)}],
+              "b": [{"bf16 d128 S512 full": (451.0, 2e-3)}, {}]}
+    out = ab.table(["a", "b"], rounds).splitlines()
+    assert " 410 " in out[1] and " 451 " in out[1] and out[1].endswith("1.100")
+    assert math.isclose(451.0 / 410.0, 1.1, rel_tol=1e-3)

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""A/B timing of built wheels on one GPU: the same attention shapes, each wheel in its own
+process (installed into a temporary folder, nothing else changed), rounds alternating
+between the wheels so that clock drift falls on all of them alike.
+
+  python3 tools/ab_wheels.py dist/base dist/try1 dist/try2 [--configs bf16:128:512:causal,...]
+      [--op fwd|fwd_bwd] [--rounds 2] [--tokens 16384] [--json out.json]
+
+A wheel argument is a .whl file or a folder holding one; a folder may hold an env.json
+whose variables its process gets (e.g. {"XLA_ATTN_SM90_BLOCKS": "132"} to time the same
+wheel with the Hopper forward's walk forced). Shapes follow tools/bench.py's dense rows
+(--tokens = batch x seqlen, 16 K; H x D = 2048); a config is dtype:head_dim:seqlen[:causal], dtype bf16 or
+fp8 (e4m3 q, k, v through flash_attn_varlen, bf16 out). Prints TFLOP/s (best of the
+rounds) and, per wheel, the relative error of its output against jax's own attention in
+f32 on one batch and two heads, then each wheel's ratio to the first. A comparison tool,
+not a benchmark of record: tools/bench.py is (peers, ceilings, environment).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+DEFAULT_CONFIGS = ("bf16:64:512:causal,bf16:64:2048,bf16:128:512,bf16:128:512:causal,"
+                   "bf16:128:4096,bf16:128:16384:causal,bf16:256:4096,fp8:128:512,fp8:128:8192")
+
+# Runs in the wheel's process: CONFIGS, OP and TOKENS are prepended.
+CHILD = r'''
+import json, statistics, time
+import jax, jax.numpy as jnp
+from xla_attn import jax as xj
+res = {}
+for dt, d, s, causal in CONFIGS:
+    b, h = TOKENS // s, 2048 // d
+    ks = jax.random.split(jax.random.fold_in(jax.random.key(1), d * s), 3)
+    # values e4m3 holds exactly, so that the bf16 and fp8 rows compute the same numbers
+    q, k, v = (jax.random.normal(x, (b, s, h, d), jnp.float32).astype(jnp.float8_e4m3fn)
+               .astype(jnp.bfloat16) for x in ks)
+    if dt == "fp8":
+        cu = jnp.arange(0, b * s + 1, s, dtype=jnp.int32)
+        f = lambda q, k, v: xj.flash_attn_varlen(
+            *(x.reshape(b * s, h, d).astype(jnp.float8_e4m3fn) for x in (q, k, v)), cu, cu, s, s,
+            causal=causal).reshape(b, s, h, d)
+    else:
+        f = lambda q, k, v: xj.flash_attn(q, k, v, causal=causal)
+    if OP == "fwd":
+        fn = jax.jit(f)
+    else:
+        fn = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+    out = jax.block_until_ready(fn(q, k, v))
+    err = float("nan")
+    if OP == "fwd":
+        qr, kr, vr = (x[:1, :, :2].astype(jnp.float32) for x in (q, k, v))
+        ref = jax.nn.dot_product_attention(qr, kr, vr, is_causal=causal, implementation="xla")
+        o = out[:1, :, :2].astype(jnp.float32)
+        err = float(jnp.linalg.norm(o - ref) / jnp.linalg.norm(ref))
+    flops = 4 * b * s * s * h * d / (2 if causal else 1) * (1 if OP == "fwd" else 3.5)
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(q, k, v))
+    n = max(3, int(0.05 / (time.perf_counter() - t0)))  # ~50 ms a sample
+    samples = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            out = fn(q, k, v)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / n)
+    res[f"{dt} d{d} S{s} {'causal' if causal else 'full'}"] = (
+        flops / statistics.median(samples) / 1e12, err)
+print("RESULT " + json.dumps(res))
+'''
+
+
+def parse_configs(text: str, tokens: int = 16384) -> list[tuple[str, int, int, bool]]:
+    """'bf16:128:512:causal,fp8:128:8192' -> [("bf16", 128, 512, True), ...]."""
+    configs = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        parts = item.split(":")
+        if len(parts) not in (3, 4) or parts[0] not in ("bf16", "fp8") or (
+                len(parts) == 4 and parts[3] != "causal"):
+            raise ValueError(f"config {item!r}: expected dtype:head_dim:seqlen[:causal], "
+                             "dtype bf16 or fp8")
+        d, s = int(parts[1]), int(parts[2])
+        if tokens % s or 2048 % d:
+            raise ValueError(f"config {item!r}: seqlen must divide {tokens}, head_dim 2048")
+        configs.append((parts[0], d, s, len(parts) == 4))
+    return configs
+
+
+def wheel_file(arg: str) -> tuple[pathlib.Path, dict[str, str]]:
+    """The wheel a command-line argument names, and the env.json beside it (or {})."""
+    path = pathlib.Path(arg)
+    folder = path if path.is_dir() else path.parent
+    if path.is_dir():
+        found = sorted(path.glob("*.whl"))
+        if len(found) != 1:
+            raise SystemExit(f"ab_wheels: {arg} holds {len(found)} wheels, expected one")
+        path = found[0]
+    env_file = folder / "env.json"
+    return path, (json.loads(env_file.read_text()) if env_file.exists() else {})
+
+
+def run_wheel(arg: str, configs, op: str, tokens: int) -> dict[str, tuple[float, float]]:
+    whl, extra_env = wheel_file(arg)
+    with tempfile.TemporaryDirectory() as site:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                        "--target", site, str(whl)], check=True, capture_output=True)
+        env = dict(os.environ, PYTHONPATH=site, **extra_env)
+        code = f"CONFIGS = {configs!r}\nOP = {op!r}\nTOKENS = {tokens}\n" + CHILD
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True)
+    for line in run.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return {k: tuple(v) for k, v in json.loads(line[7:]).items()}
+    print(f"ab_wheels: {arg} failed\n{run.stdout[-2000:]}{run.stderr[-3000:]}", file=sys.stderr)
+    return {}
+
+
+def table(wheels: list[str], rounds: dict[str, list[dict]]) -> str:
+    """Best TFLOP/s of each wheel's rounds (error of its first round), ratios to the first."""
+    names = [pathlib.Path(w).name or w for w in wheels]
+    lines = [f"{'config':26}" + "".join(f"{n[:16]:>20}" for n in names) + "   vs first"]
+    keys = [k for r in rounds[wheels[0]] for k in r]
+    for key in dict.fromkeys(keys):
+        best, errs = [], []
+        for w in wheels:
+            got = [r[key] for r in rounds[w] if key in r]
+            best.append(max(t for t, _ in got) if got else float("nan"))
+            errs.append(got[0][1] if got else float("nan"))
+        cells = "".join(f"{t:11.4g} ({e:.0e})" for t, e in zip(best, errs))
+        ratios = " ".join(f"{t / best[0]:.3f}" for t in best[1:])
+        lines.append(f"{key:26}{cells}  {ratios}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("wheels", nargs="+", help=".whl files or folders holding one")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS)
+    p.add_argument("--op", choices=("fwd", "fwd_bwd"), default="fwd")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=16384, help="batch x seqlen of every shape")
+    p.add_argument("--json", help="write every round's numbers here")
+    args = p.parse_args(argv)
+    try:
+        configs = parse_configs(args.configs, args.tokens)
+    except ValueError as e:
+        p.error(str(e))
+    if args.op == "fwd_bwd" and any(dt == "fp8" for dt, *_ in configs):
+        p.error("--op fwd_bwd: the fp8 forward has no backward")
+    rounds = {w: [] for w in args.wheels}
+    for _ in range(args.rounds):
+        for w in args.wheels:
+            rounds[w].append(run_wheel(w, configs, args.op, args.tokens))
+    print(table(args.wheels, rounds))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rounds, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
