@@ -28,10 +28,13 @@ import tempfile
 DEFAULT_CONFIGS = ("bf16:64:512:causal,bf16:64:2048,bf16:128:512,bf16:128:512:causal,"
                    "bf16:128:4096,bf16:128:16384:causal,bf16:256:4096,fp8:128:512,fp8:128:8192")
 
-# Runs in the wheel's process: CONFIGS, OP and TOKENS are prepended.
+# Runs in the wheel's process: CONFIGS, OP, TOKENS and TOOLS (this folder, for
+# tools/bench.py's timing and FLOP count) are prepended.
 CHILD = r'''
-import json, statistics, time
+import json, sys
+sys.path.insert(0, TOOLS)
 import jax, jax.numpy as jnp
+from bench import dense_flops, measure
 from xla_attn import jax as xj
 res = {}
 for dt, d, s, causal in CONFIGS:
@@ -58,19 +61,9 @@ for dt, d, s, causal in CONFIGS:
         ref = jax.nn.dot_product_attention(qr, kr, vr, is_causal=causal, implementation="xla")
         o = out[:1, :, :2].astype(jnp.float32)
         err = float(jnp.linalg.norm(o - ref) / jnp.linalg.norm(ref))
-    flops = 4 * b * s * s * h * d / (2 if causal else 1) * (1 if OP == "fwd" else 3.5)
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(q, k, v))
-    n = max(3, int(0.05 / (time.perf_counter() - t0)))  # ~50 ms a sample
-    samples = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            out = fn(q, k, v)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / n)
+    t = measure(lambda i: fn(q, k, v), jax.block_until_ready, budget_s=0.4, max_samples=7)["s"]
     res[f"{dt} d{d} S{s} {'causal' if causal else 'full'}"] = (
-        flops / statistics.median(samples) / 1e12, err)
+        dense_flops(b, s, h, d, causal, OP == "fwd_bwd") / t / 1e12, err)
 print("RESULT " + json.dumps(res))
 '''
 
@@ -110,7 +103,8 @@ def run_wheel(arg: str, configs, op: str, tokens: int) -> dict[str, tuple[float,
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                         "--target", site, str(whl)], check=True, capture_output=True)
         env = dict(os.environ, PYTHONPATH=site, **extra_env)
-        code = f"CONFIGS = {configs!r}\nOP = {op!r}\nTOKENS = {tokens}\n" + CHILD
+        code = (f"CONFIGS = {configs!r}\nOP = {op!r}\nTOKENS = {tokens}\n"
+                f"TOOLS = {str(pathlib.Path(__file__).resolve().parent)!r}\n" + CHILD)
         run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True)
     for line in run.stdout.splitlines():

@@ -95,6 +95,58 @@ __device__ __forceinline__ void write_o_rows(const Args& a, uint32_t sQ, int row
   }
 }
 
+// S = Q K^T of one consumer warpgroup, issued (not waited for): D / 16 k-steps (fp8:
+// D / 32), each 32 bytes further along the 128-byte rows, the next column block every 4
+// steps; each operand's descriptor built once and advanced by adds (desc_plus). q_rows:
+// the warpgroup's first row of the Q tile (kBlockM rows a column block); k_tile: a K
+// tile (block_n rows a column block).
+template <typename T, int D, int kBlockM>
+__device__ __forceinline__ void issue_qk(float (&s)[block_n(D) / 2], uint32_t q_rows,
+                                         uint32_t k_tile) {
+  constexpr int kBlockN = block_n(D);
+  constexpr int kKSteps = D * int(sizeof(T)) / 32;
+  constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes, kKVBlockBytes = kBlockN * kRowBytes;
+  const uint64_t q_desc = sm90::smem_desc(q_rows, 16);
+  const uint64_t k_desc = sm90::smem_desc(k_tile, 16);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    const uint32_t in_row = uint32_t(kk % 4) * 32u;
+    const uint64_t dq = sm90::desc_plus(q_desc, uint32_t(kk / 4) * kQBlockBytes + in_row);
+    const uint64_t dk = sm90::desc_plus(k_desc, uint32_t(kk / 4) * kKVBlockBytes + in_row);
+    if constexpr (sizeof(T) == 1) {
+      sm90::wgmma_ss_e4m3<kBlockN>(s, dq, dk, kk > 0);
+    } else {
+      sm90::wgmma_ss<kBlockN, T>(s, dq, dk, kk > 0);
+    }
+  }
+  sm90::wgmma_commit();
+}
+
+// O += P V of one consumer warpgroup, issued: P from registers (pa, block_n keys), B the
+// V tile (16-bit: N-major, D columns in column blocks a tile's column block apart, 16
+// keys a k-step) or fp8's V^T tile (K-major, 32 keys a k-step along its 128-byte rows).
+template <typename T, int D>
+__device__ __forceinline__ void issue_pv_on(float (&o)[D / 2],
+                                            uint32_t (&pa)[block_n(D) * sizeof(T) / 32][4],
+                                            uint32_t v_tile) {
+  constexpr int kBlockN = block_n(D);
+  constexpr bool kFp8 = sizeof(T) == 1;
+  const uint64_t v_desc = sm90::smem_desc(v_tile, kFp8 ? 16u : kBlockN * kRowBytes);
+  sm90::wgmma_hold(o);
+  sm90::wgmma_hold(pa);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < int(block_n(D) * sizeof(T) / 32); ++kk) {
+    if constexpr (kFp8) {
+      sm90::wgmma_rs_e4m3<D>(o, pa[kk], sm90::desc_plus(v_desc, uint32_t(kk) * 32u));
+    } else {
+      sm90::wgmma_rs<D, T>(o, pa[kk], sm90::desc_plus(v_desc, uint32_t(kk) * 16u * kRowBytes));
+    }
+  }
+  sm90::wgmma_commit();
+}
+
 // One kBlockN x 128-byte V tile of e4m3 (rows = keys, 128-byte swizzled as the copy
 // engine lands it) into V^T (rows = head dims, kBlockN = 128 bytes of keys, swizzled the
 // same way), as the K-major B operand of P V, by the producer's transposing warps. Keys
@@ -151,7 +203,6 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
   static_assert(!kFp8 || (D == kFp8HeadDim && kWgs == 2), "fp8: the d128 bucket, 2 consumers");
   constexpr int kColBlocks = D * kEB / kRowBytes;  // 128-byte column blocks of a row
-  constexpr int kKSteps = D * kEB / 32;  // Q K^T k-steps, 32 bytes of a row each
   constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
   constexpr int kNT = kBlockN / 8;    // n8 tiles of S
   constexpr int kDT = D / 8;          // n8 tiles of O
@@ -336,27 +387,11 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       if (lane == 0) sm90::mbar_arrive(bar(kind, st));
     };
 
-    // S = Q K_j^T, issued (not waited for): D / 16 k-steps, each 32 bytes further along
-    // the 128-byte rows, the next column block every 4 steps.
+    // S = Q K_j^T, issued once K_j has landed (issue_qk)
     auto issue_s = [&](int j) {
       const int st = j % kKRing;
       sm90::mbar_wait(bar(kFullK, st), parity(j, kKRing));
-      // descriptors built once, each k-step's an add (desc_plus)
-      const uint64_t q_desc = sm90::smem_desc(sQ + row0 * kRowBytes, 16);
-      const uint64_t k_desc = sm90::smem_desc(sK + st * kKVBytes, 16);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        const uint32_t in_row = uint32_t(kk % 4) * 32u;
-        const uint64_t dq = sm90::desc_plus(q_desc, uint32_t(kk / 4) * kQBlockBytes + in_row);
-        const uint64_t dk = sm90::desc_plus(k_desc, uint32_t(kk / 4) * kKVBlockBytes + in_row);
-        if constexpr (kFp8) {
-          sm90::wgmma_ss_e4m3<kBlockN>(s_flat, dq, dk, kk > 0);
-        } else {
-          sm90::wgmma_ss<kBlockN, T>(s_flat, dq, dk, kk > 0);
-        }
-      }
-      sm90::wgmma_commit();
+      issue_qk<T, D, kBlockM>(s_flat, sQ + row0 * kRowBytes, sK + st * kKVBytes);
     };
     // 16-bit: the last tile's V rows past the block's key range are zeroed before P V
     // reads them (they may hold the next sequence's keys or NaN padding, and 0 x NaN is
@@ -380,36 +415,16 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         sm90::named_barrier(1, kConsumers);
       }
     };
-    // O += P V_j, issued: block_n / 16 k-steps of 16 keys (2 KB of V rows each); N = D
-    // spans the column blocks, kKVBlockBytes apart (the descriptor's leading offset).
-    // fp8: B is the V^T tile (K-major, keys along the 128-byte rows, 32 a k-step).
+    // O += P V_j, issued once V_j (fp8: its V^T tile) is there (issue_pv_on)
     auto issue_pv = [&](int j) {
       const int st = j % kPvRing;
       if constexpr (kFp8) {
         sm90::mbar_wait(bar(kFullVt, st), parity(j, kVtRing));
-        const uint64_t vt_desc = sm90::smem_desc(sVt + st * kVtBytes, 16);
-        sm90::wgmma_hold(o_flat);
-        sm90::wgmma_hold(pa);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kPSteps; ++kk) {
-          const uint64_t dv = sm90::desc_plus(vt_desc, uint32_t(kk) * 32u);
-          sm90::wgmma_rs_e4m3<D>(o_flat, pa[kk], dv);
-        }
-        sm90::wgmma_commit();
+        issue_pv_on<T, D>(o_flat, pa, sVt + st * kVtBytes);
       } else {
-      const uint32_t tV = sV + st * kKVBytes;
-      sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
-      const uint64_t v_desc = sm90::smem_desc(tV, kKVBlockBytes);
-      sm90::wgmma_hold(o_flat);
-      sm90::wgmma_hold(pa);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint64_t dv = sm90::desc_plus(v_desc, uint32_t(kk) * 16u * kRowBytes);
-        sm90::wgmma_rs<D, T>(o_flat, pa[kk], dv);
-      }
-      sm90::wgmma_commit();
+        const uint32_t tV = sV + st * kKVBytes;
+        sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
+        issue_pv_on<T, D>(o_flat, pa, tV);
       }
     };
     // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is

@@ -28,7 +28,6 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
   static_assert(!kFp8 || (D == kFp8HeadDim && kWgs == 2), "fp8: the d128 bucket, 2 consumers");
   constexpr int kColBlocks = D * kEB / kRowBytes;  // 128-byte column blocks of a row
-  constexpr int kKSteps = D * kEB / 32;  // Q K^T k-steps, 32 bytes of a row each
   constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
   constexpr int kNT = kBlockN / 8;    // n8 tiles of S
   constexpr int kDT = D / 8;          // n8 tiles of O
@@ -356,27 +355,11 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
       uint32_t pa[kPSteps][4];  // P of the previous tile, P V's A operand
 
-      // S = Q K_j^T, issued (not waited for): D / 16 k-steps, each 32 bytes further along
-      // the 128-byte rows, the next column block every 4 steps.
+      // S = Q K_j^T, issued once K_j has landed (issue_qk)
       auto issue_s = [&](int j) {
         const int st = (g0 + j) % kKRing;
         sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
-        // descriptors built once, each k-step's an add (desc_plus)
-        const uint64_t q_desc = sm90::smem_desc(sQ + row0 * kRowBytes, 16);
-        const uint64_t k_desc = sm90::smem_desc(sK + st * kKVBytes, 16);
-        sm90::wgmma_fence();
-  #pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          const uint32_t in_row = uint32_t(kk % 4) * 32u;
-          const uint64_t dq = sm90::desc_plus(q_desc, uint32_t(kk / 4) * kQBlockBytes + in_row);
-          const uint64_t dk = sm90::desc_plus(k_desc, uint32_t(kk / 4) * kKVBlockBytes + in_row);
-          if constexpr (kFp8) {
-            sm90::wgmma_ss_e4m3<kBlockN>(s_flat, dq, dk, kk > 0);
-          } else {
-            sm90::wgmma_ss<kBlockN, T>(s_flat, dq, dk, kk > 0);
-          }
-        }
-        sm90::wgmma_commit();
+        issue_qk<T, D, kBlockM>(s_flat, sQ + row0 * kRowBytes, sK + st * kKVBytes);
       };
       // 16-bit: the last tile's V rows past the block's key range are zeroed before P V
       // reads them (they may hold the next sequence's keys or NaN padding, and 0 x NaN is
@@ -400,36 +383,16 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           sm90::named_barrier(1, kConsumers);
         }
       };
-      // O += P V_j, issued: block_n / 16 k-steps of 16 keys (2 KB of V rows each); N = D
-      // spans the column blocks, kKVBlockBytes apart (the descriptor's leading offset).
-      // fp8: B is the V^T tile (K-major, keys along the 128-byte rows, 32 a k-step).
+      // O += P V_j, issued once V_j (fp8: its V^T tile) is there (issue_pv_on)
       auto issue_pv = [&](int j) {
         const int st = (g0 + j) % kPvRing;
         if constexpr (kFp8) {
           sm90::mbar_wait(bar(kFullVt, st), parity(g0 + j, kVtRing));
-          const uint64_t vt_desc = sm90::smem_desc(sVt + st * kVtBytes, 16);
-          sm90::wgmma_hold(o_flat);
-          sm90::wgmma_hold(pa);
-          sm90::wgmma_fence();
-  #pragma unroll
-          for (int kk = 0; kk < kPSteps; ++kk) {
-            const uint64_t dv = sm90::desc_plus(vt_desc, uint32_t(kk) * 32u);
-            sm90::wgmma_rs_e4m3<D>(o_flat, pa[kk], dv);
-          }
-          sm90::wgmma_commit();
+          issue_pv_on<T, D>(o_flat, pa, sVt + st * kVtBytes);
         } else {
-        const uint32_t tV = sV + st * kKVBytes;
-        sm90::mbar_wait(bar(kFullV, st), parity(g0 + j, kVRing));
-        const uint64_t v_desc = sm90::smem_desc(tV, kKVBlockBytes);
-        sm90::wgmma_hold(o_flat);
-        sm90::wgmma_hold(pa);
-        sm90::wgmma_fence();
-  #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          const uint64_t dv = sm90::desc_plus(v_desc, uint32_t(kk) * 16u * kRowBytes);
-          sm90::wgmma_rs<D, T>(o_flat, pa[kk], dv);
-        }
-        sm90::wgmma_commit();
+          const uint32_t tV = sV + st * kKVBytes;
+          sm90::mbar_wait(bar(kFullV, st), parity(g0 + j, kVRing));
+          issue_pv_on<T, D>(o_flat, pa, tV);
         }
       };
       // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is
