@@ -11,8 +11,9 @@ whose variables its process gets (e.g. {"XLA_ATTN_SM90_BLOCKS": "132"} to time t
 wheel with the Hopper forward's walk forced). Shapes follow tools/bench.py's dense rows
 (--tokens = batch x seqlen, 16 K; H x D = 2048); a config is dtype:head_dim:seqlen[:causal], dtype bf16 or
 fp8 (e4m3 q, k, v through flash_attn_varlen, bf16 out). Prints TFLOP/s (best of the
-rounds) and, per wheel, the relative error of its output against jax's own attention in
-f32 on one batch and two heads, then each wheel's ratio to the first. A comparison tool,
+rounds) and, per wheel, the relative error of its output (fwd_bwd: of its worst gradient of
+q, k and v) against jax's own attention in f32 on one batch and two heads (the other
+batches and heads do not enter their gradients), then each wheel's ratio to the first. A comparison tool,
 not a benchmark of record: tools/bench.py is (peers, ceilings, environment).
 """
 from __future__ import annotations
@@ -55,12 +56,16 @@ for dt, d, s, causal in CONFIGS:
     else:
         fn = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
     out = jax.block_until_ready(fn(q, k, v))
-    err = float("nan")
+    qr, kr, vr = (x[:1, :, :2].astype(jnp.float32) for x in (q, k, v))
+    ref_f = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                         implementation="xla")
     if OP == "fwd":
-        qr, kr, vr = (x[:1, :, :2].astype(jnp.float32) for x in (q, k, v))
-        ref = jax.nn.dot_product_attention(qr, kr, vr, is_causal=causal, implementation="xla")
-        o = out[:1, :, :2].astype(jnp.float32)
-        err = float(jnp.linalg.norm(o - ref) / jnp.linalg.norm(ref))
+        got, want = [out], [ref_f(qr, kr, vr)]
+    else:
+        got = out
+        want = jax.grad(lambda q, k, v: ref_f(q, k, v).sum(), argnums=(0, 1, 2))(qr, kr, vr)
+    err = max(float(jnp.linalg.norm(g[:1, :, :2].astype(jnp.float32) - w) / jnp.linalg.norm(w))
+              for g, w in zip(got, want))
     t = measure(lambda i: fn(q, k, v), jax.block_until_ready, budget_s=0.4, max_samples=7)["s"]
     res[f"{dt} d{d} S{s} {'causal' if causal else 'full'}"] = (
         dense_flops(b, s, h, d, causal, OP == "fwd_bwd") / t / 1e12, err)

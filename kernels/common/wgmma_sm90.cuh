@@ -31,10 +31,21 @@ namespace xla_attn::sm90 {
 //   (1). A k-step inside the row moves `addr` by 32 bytes.
 // - N-major (V for P V, keys along K, head dims along N): the stride offset is 1 KB
 //   between 8-key groups, the leading offset the distance between 64-column blocks.
+// The high word (stride and swizzle) is the same for every operand of these kernels, so
+// a product may take a descriptor's low word as its operand and join it to that
+// constant inside its asm (kDescLowWord, XLA_ATTN_DESC): the adds stepping a descriptor
+// are then 32-bit. The backward takes it: passed as 64-bit values, each of its products
+// had an add with carry, copies and four moves into uniform registers (~13 instructions
+// a product in the d64 S^T / dP^T; ncu, H100, S = 4096: IMAD and R2UR were 30 % of the
+// kernel's instructions), and at d128 it spilled 104 bytes against 48. H100, same run,
+// fwd+bwd: d128 +3..+4 %, d256 +3 %, d64 +1 %. The forward does not: the same change
+// there lost 8 % at d128 S = 8192 and 6 % at d256 S = 4096 (walks within 1 %).
+constexpr uint32_t kDescHigh = (1024 >> 4) | 1u << 30;
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading_bytes) {
   return uint64_t((addr & 0x3FFFF) >> 4) | uint64_t(leading_bytes >> 4) << 16 |
-         uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
+         uint64_t(kDescHigh) << 32;
 }
+__device__ __forceinline__ uint32_t desc_lo(uint64_t desc) { return uint32_t(desc); }
 
 // The descriptor of the operand `bytes` (a multiple of 16) further on from `desc`'s: the
 // start address is the descriptor's low 14 bits (>> 4), so adding to it is exact while
@@ -108,6 +119,11 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// A descriptor register `reg` from the low word in operand `lo` and the constant high word.
+#define XLA_ATTN_DESC(reg, lo) "mov.b64 " reg ", {%" lo ", " XLA_ATTN_DESC_HIGH "};\n"
+#define XLA_ATTN_DESC_HIGH "0x40000040"
+static_assert(kDescHigh == 0x40000040u, "XLA_ATTN_DESC_HIGH spells kDescHigh");
+
 // Spelled-out operand lists: inline PTX needs every accumulator register by name.
 #define XLA_ATTN_WGMMA_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define XLA_ATTN_WGMMA_ACC16(d) \
@@ -162,22 +178,40 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 // D (64 x N) = A B (accumulate = false) or D += A B; A (64 x 16) and B (16 x N) in
 // shared memory, K-major (TRANS "0, 0") or both M/N-major ("1, 1").
 #define XLA_ATTN_WGMMA_SS(N, REGS, ACC, A, B, FLAG, TY, TRANS)                                \
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %" FLAG ", 0;\n"                               \
-               "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS          \
-               ", %" A ", %" B ", p, 1, 1, " TRANS "; }\n"                                 \
-               : ACC(d)                                                                     \
-               : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)))
+  if constexpr (kDescLowWord) {                                                               \
+    asm volatile("{ .reg .pred p; .reg .b64 da, db; setp.ne.b32 p, %" FLAG ", 0;\n"          \
+                 XLA_ATTN_DESC("da", A) XLA_ATTN_DESC("db", B)                               \
+                 "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS        \
+                 ", da, db, p, 1, 1, " TRANS "; }\n"                                       \
+                 : ACC(d)                                                                   \
+                 : "r"(desc_lo(desc_a)), "r"(desc_lo(desc_b)), "r"(int(accumulate)));       \
+  } else {                                                                                    \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %" FLAG ", 0;\n"                             \
+                 "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS        \
+                 ", %" A ", %" B ", p, 1, 1, " TRANS "; }\n"                               \
+                 : ACC(d)                                                                   \
+                 : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));                         \
+  }
 // D (64 x N) += A B; A (64 x 16) in registers, B (16 x N) N-major in shared memory.
 #define XLA_ATTN_WGMMA_RS(N, REGS, ACC, A0, A1, A2, A3, B, TY)                                \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS          \
-               ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", 1, 1, 1, 1;\n"              \
-               : ACC(d)                                                                     \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+  if constexpr (kDescLowWord) {                                                               \
+    asm volatile("{ .reg .b64 db;\n" XLA_ATTN_DESC("db", B)                                  \
+                 "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS        \
+                 ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, db, 1, 1, 1, 1; }\n"              \
+                 : ACC(d)                                                                   \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(desc_lo(desc_b)));       \
+  } else {                                                                                    \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS        \
+                 ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", 1, 1, 1, 1;\n"            \
+                 : ACC(d)                                                                   \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));                \
+  }
 
 // kMNMajor: A (64 x 16) stored M-major and B (16 x N) N-major (imm-trans-a = imm-trans-b
 // = 1; 16-bit types only), as the backward's dQ = dS K reads dS^T and K as stored (N = 32
 // for a half column block: B then starts 64 bytes into its 128-byte rows).
-template <int N, typename T, bool kMNMajor = false>
+// kDescLowWord: the descriptors enter the asm as their low words (see kDescHigh).
+template <int N, typename T, bool kMNMajor = false, bool kDescLowWord = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          bool accumulate) {
   constexpr bool kBf16 = kSameType<T, __nv_bfloat16>;
@@ -213,7 +247,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   }
 }
 
-template <int N, typename T>
+template <int N, typename T, bool kDescLowWord = false>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                                          uint64_t desc_b) {
   constexpr bool kBf16 = kSameType<T, __nv_bfloat16>;
@@ -279,5 +313,6 @@ __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t 
 #undef XLA_ATTN_WGMMA_RS
 #undef XLA_ATTN_WGMMA_SS_E4M3
 #undef XLA_ATTN_WGMMA_RS_E4M3
+#undef XLA_ATTN_DESC
 
 }  // namespace xla_attn::sm90

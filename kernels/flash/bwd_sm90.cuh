@@ -351,9 +351,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(kk % 4) * 32u;
         const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
-        sm90::wgmma_ss<kBwdRows, T>(st_flat, sm90::desc_plus(k_desc, at),
+        sm90::wgmma_ss<kBwdRows, T, false, true>(st_flat, sm90::desc_plus(k_desc, at),
                                     sm90::desc_plus(q_desc, rows_at), kk > 0);
-        sm90::wgmma_ss<kBwdRows, T>(dp_flat, sm90::desc_plus(k_desc, kKV + at),
+        sm90::wgmma_ss<kBwdRows, T, false, true>(dp_flat, sm90::desc_plus(k_desc, kKV + at),
                                     sm90::desc_plus(q_desc, kStages * kRows + rows_at), kk > 0);
       }
       sm90::wgmma_commit();
@@ -472,8 +472,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
         const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
-        sm90::wgmma_rs<D, T>(dv_flat, pa[kk], sm90::desc_plus(rows_desc, kStages * kRows + at));
-        sm90::wgmma_rs<D, T>(dk_flat, da[kk], sm90::desc_plus(rows_desc, at));
+        sm90::wgmma_rs<D, T, true>(dv_flat, pa[kk], sm90::desc_plus(rows_desc, kStages * kRows + at));
+        sm90::wgmma_rs<D, T, true>(dk_flat, da[kk], sm90::desc_plus(rows_desc, at));
       }
       sm90::wgmma_commit();
       if (it + 1 < tiles) store_stat(it + 1, next_stat);
@@ -493,7 +493,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
       for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
         const uint32_t keys_at = uint32_t(16 * kk) * kRowBytes;
-        sm90::wgmma_ss<kDqCols, T, true>(dq, sm90::desc_plus(ds_desc, keys_at),
+        sm90::wgmma_ss<kDqCols, T, true, true>(dq, sm90::desc_plus(ds_desc, keys_at),
                                          sm90::desc_plus(kcol_desc, keys_at), kk > 0);
       }
       sm90::wgmma_commit();
