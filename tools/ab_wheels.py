@@ -13,8 +13,8 @@ wheel with the Hopper forward's walk forced). Shapes follow tools/bench.py's den
 fp8 (e4m3 q, k, v through flash_attn_varlen, bf16 out). Prints TFLOP/s (best of the
 rounds) and, per wheel, the relative error of its output (fwd_bwd: of its worst gradient of
 q, k and v) against jax's own attention in f32 on one batch and two heads (the other
-batches and heads do not enter their gradients), then each wheel's ratio to the first. A comparison tool,
-not a benchmark of record: tools/bench.py is (peers, ceilings, environment).
+batches and heads do not enter their gradients), then each wheel's ratio to the first. A
+comparison tool, not a benchmark of record: tools/bench.py is (peers, ceilings, environment).
 """
 from __future__ import annotations
 

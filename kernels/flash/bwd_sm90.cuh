@@ -54,6 +54,10 @@ __device__ __forceinline__ void zero_tiles_rows(uint32_t a, uint32_t b, int rows
   sm90::fence_proxy_async_shared();
 }
 
+// The backward's products take their descriptors as low words (wgmma_sm90.cuh,
+// kDescHigh: +3-4 % fwd+bwd at d128 on an H100).
+constexpr bool kDescLowWord = true;
+
 // What a dk/dv block works on: kKeys keys from n0 of kv head hk of sequence b (grid:
 // key blocks, kv heads, batch + 1 padding block), against the row tiles (query head of
 // the GQA group x kBwdRows rows from i_lo) whose rows see some of its keys.
@@ -351,10 +355,11 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(kk % 4) * 32u;
         const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
-        sm90::wgmma_ss<kBwdRows, T, false, true>(st_flat, sm90::desc_plus(k_desc, at),
-                                    sm90::desc_plus(q_desc, rows_at), kk > 0);
-        sm90::wgmma_ss<kBwdRows, T, false, true>(dp_flat, sm90::desc_plus(k_desc, kKV + at),
-                                    sm90::desc_plus(q_desc, kStages * kRows + rows_at), kk > 0);
+        sm90::wgmma_ss<kBwdRows, T, false, kDescLowWord>(
+            st_flat, sm90::desc_plus(k_desc, at), sm90::desc_plus(q_desc, rows_at), kk > 0);
+        sm90::wgmma_ss<kBwdRows, T, false, kDescLowWord>(
+            dp_flat, sm90::desc_plus(k_desc, kKV + at),
+            sm90::desc_plus(q_desc, kStages * kRows + rows_at), kk > 0);
       }
       sm90::wgmma_commit();
       // The next tile's lse / D row, while the products run.
@@ -472,8 +477,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
         const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
-        sm90::wgmma_rs<D, T, true>(dv_flat, pa[kk], sm90::desc_plus(rows_desc, kStages * kRows + at));
-        sm90::wgmma_rs<D, T, true>(dk_flat, da[kk], sm90::desc_plus(rows_desc, at));
+        sm90::wgmma_rs<D, T, kDescLowWord>(dv_flat, pa[kk],
+                                           sm90::desc_plus(rows_desc, kStages * kRows + at));
+        sm90::wgmma_rs<D, T, kDescLowWord>(dk_flat, da[kk], sm90::desc_plus(rows_desc, at));
       }
       sm90::wgmma_commit();
       if (it + 1 < tiles) store_stat(it + 1, next_stat);
@@ -493,8 +499,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
       for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
         const uint32_t keys_at = uint32_t(16 * kk) * kRowBytes;
-        sm90::wgmma_ss<kDqCols, T, true, true>(dq, sm90::desc_plus(ds_desc, keys_at),
-                                         sm90::desc_plus(kcol_desc, keys_at), kk > 0);
+        sm90::wgmma_ss<kDqCols, T, true, kDescLowWord>(dq, sm90::desc_plus(ds_desc, keys_at),
+                                                       sm90::desc_plus(kcol_desc, keys_at),
+                                                       kk > 0);
       }
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
