@@ -7,8 +7,9 @@
 // One block = 128 keys of one kv head of one sequence (grid: key blocks, kv heads,
 // batch + 1 padding block):
 // - warpgroup 0, the producer: thread 0 copies K and V once, then for every tile (query
-//   head of the GQA group x 64 query rows) Q and dO into one of kStages stages; all 128
-//   threads write the tile's lse and D rows (zeros past the rows that see the block).
+//   head of the GQA group x 64 query rows) Q and dO into one of kStages stages.
+// - the consumers load each tile's lse and D rows (zeros past the rows that see the
+//   block) a tile ahead.
 // - warpgroups 1 and 2, the consumers, 64 keys each: per tile S^T = K Q^T and dP^T = V
 //   dO^T (wgmma, both operands in shared memory), P^T = exp2(S^T - lse) and dS^T = P^T
 //   (dP^T - D) in registers (the sm80 kernel's masks, softcap and ALiBi), dV += P^T dO and
