@@ -39,3 +39,17 @@ def test_table_takes_the_best_round_and_ratios_to_the_first():
     out = ab.table(["a", "b"], rounds).splitlines()
     assert " 410 " in out[1] and " 451 " in out[1] and out[1].endswith("1.100")
     assert math.isclose(451.0 / 410.0, 1.1, rel_tol=1e-3)
+
+
+@pytest.mark.parametrize("op", ["fwd", "fwd_bwd"])
+def test_child_times_and_checks_the_installed_package(op):
+    """The program each wheel's process runs, on the package under test (the host path
+    without a GPU): a TFLOP/s figure and the error against jax's attention, small for the
+    output (fwd) and for the worst of dq, dk, dv (fwd_bwd)."""
+    pytest.importorskip("jax")
+    import os
+    code = ab.child_code(ab.parse_configs("bf16:64:64:causal,bf16:128:128"), op, 256)
+    got = ab.run_child(code, dict(os.environ), "the installed package")
+    assert set(got) == {"bf16 d64 S64 causal", "bf16 d128 S128 full"}
+    for tflops, err in got.values():
+        assert tflops > 0 and 0 < err < 2e-2

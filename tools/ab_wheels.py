@@ -102,21 +102,30 @@ def wheel_file(arg: str) -> tuple[pathlib.Path, dict[str, str]]:
     return path, (json.loads(env_file.read_text()) if env_file.exists() else {})
 
 
+def child_code(configs, op: str, tokens: int) -> str:
+    """The program a wheel's process runs (CHILD with its inputs prepended)."""
+    return (f"CONFIGS = {configs!r}\nOP = {op!r}\nTOKENS = {tokens}\n"
+            f"TOOLS = {str(pathlib.Path(__file__).resolve().parent)!r}\n" + CHILD)
+
+
+def run_child(code: str, env: dict[str, str], label: str) -> dict[str, tuple[float, float]]:
+    """Runs child_code's program; its {config: (TFLOP/s, error)}, or {} where it failed."""
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=False)
+    for line in run.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return {k: tuple(v) for k, v in json.loads(line[7:]).items()}
+    print(f"ab_wheels: {label} failed\n{run.stdout[-2000:]}{run.stderr[-3000:]}", file=sys.stderr)
+    return {}
+
+
 def run_wheel(arg: str, configs, op: str, tokens: int) -> dict[str, tuple[float, float]]:
     whl, extra_env = wheel_file(arg)
     with tempfile.TemporaryDirectory() as site:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                         "--target", site, str(whl)], check=True, capture_output=True)
         env = dict(os.environ, PYTHONPATH=site, **extra_env)
-        code = (f"CONFIGS = {configs!r}\nOP = {op!r}\nTOKENS = {tokens}\n"
-                f"TOOLS = {str(pathlib.Path(__file__).resolve().parent)!r}\n" + CHILD)
-        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True)
-    for line in run.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return {k: tuple(v) for k, v in json.loads(line[7:]).items()}
-    print(f"ab_wheels: {arg} failed\n{run.stdout[-2000:]}{run.stderr[-3000:]}", file=sys.stderr)
-    return {}
+        return run_child(child_code(configs, op, tokens), env, arg)
 
 
 def table(wheels: list[str], rounds: dict[str, list[dict]]) -> str:
