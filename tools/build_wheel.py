@@ -4,10 +4,14 @@ workflow runs, and it runs on any x86_64 Linux machine with Python and pip (no C
 toolkit, no GPU, no container).
 
   build_wheel.py build [--flavour cu12|cu13] [--archs "80;90"] [--out dist] [--smoke]
+                       [--ref GIT_REF] [--no-repair]
       pip wheel (isolated build: NVRTC + ptxas from the flavour's CUDA wheels), then
       auditwheel repair (manylinux tag of this machine's glibc: manylinux_2_28 in the
       manylinux_2_28 container, manylinux_2_34 on Debian 12), then `check`, then with
-      --smoke `smoke`.
+      --smoke `smoke`. --ref builds a commit's tracked files (git archive) instead of
+      the working tree, which stays as it is; --no-repair makes a development wheel (no
+      repair, no release check), e.g. one per ref for tools/ab_wheels.py:
+        build_wheel.py build --ref main --archs 90 --no-repair --out dist/ab/main
   build_wheel.py check WHEEL...     size budget, auditwheel, no CUDA library needed
   build_wheel.py smoke WHEEL        fresh venv: install it, `python -m xla_attn info`
                                     lists the flavour's archs, `python -m xla_attn check`
@@ -133,18 +137,32 @@ def smoke(wheel: pathlib.Path, flavour: str, archs: str | None = None) -> None:
 
 
 # ------------------------------------------------------------------ build
+def export_ref(ref: str, dest: pathlib.Path) -> None:
+    """The tracked files of commit `ref` of this repository, written under `dest`."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref],
+                             capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"--ref {ref}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+
+
 def build(flavour: str, archs: str | None, out: pathlib.Path, repair: bool, budget_mb: float,
-          do_smoke: bool) -> pathlib.Path:
+          do_smoke: bool, ref: str | None = None) -> pathlib.Path:
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     if archs:
         env["XLA_ATTN_CUDA_ARCHS"] = archs
     with tempfile.TemporaryDirectory() as tmp:
         tree = ROOT
-        if flavour != "cu12":  # build from a copy whose pyproject names the flavour
+        if ref:
             tree = pathlib.Path(tmp, "src")
-            shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(
-                ".git", "build", "dist", ".venv*", "__pycache__", ".whl"))
+            export_ref(ref, tree)
+        if flavour != "cu12":  # build from a copy whose pyproject names the flavour
+            if tree == ROOT:
+                tree = pathlib.Path(tmp, "src")
+                shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(
+                    ".git", "build", "dist", ".venv*", "__pycache__", ".whl"))
             set_flavour(flavour, tree)
         raw = pathlib.Path(tmp, "raw")
         run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(raw), str(tree)], env=env)
@@ -154,7 +172,8 @@ def build(flavour: str, archs: str | None, out: pathlib.Path, repair: bool, budg
             (wheel,) = [w for w in out.glob(f"xla_attn_{flavour}-*.whl") if "manylinux" in w.name]
         else:
             wheel = pathlib.Path(shutil.copy2(wheel, out))
-    check([wheel], budget_mb)
+    if repair:  # a release wheel; an unrepaired one is for development only
+        check([wheel], budget_mb)
     if do_smoke:
         smoke(wheel, flavour, archs)
     print(f"built {wheel}")
@@ -169,7 +188,9 @@ def main(argv=None) -> int:
     b.add_argument("--flavour", choices=sorted(FLAVOURS), default="cu12")
     b.add_argument("--archs", help="XLA_ATTN_CUDA_ARCHS (default: the flavour's full set)")
     b.add_argument("--out", type=pathlib.Path, default=ROOT / "dist")
-    b.add_argument("--no-repair", action="store_true", help="skip auditwheel repair")
+    b.add_argument("--no-repair", action="store_true",
+                   help="a development wheel: no auditwheel repair, no release check")
+    b.add_argument("--ref", help="build this git commit's tracked files, not the working tree")
     b.add_argument("--budget-mb", type=float, default=BUDGET_MB)
     b.add_argument("--smoke", action="store_true", help="install in a fresh venv and run check")
     c = sub.add_parser("check", help="size budget, auditwheel, NEEDED libraries")
@@ -182,7 +203,8 @@ def main(argv=None) -> int:
     f.add_argument("--tree", type=pathlib.Path, default=ROOT)
     args = parser.parse_args(argv)
     if args.cmd == "build":
-        build(args.flavour, args.archs, args.out, not args.no_repair, args.budget_mb, args.smoke)
+        build(args.flavour, args.archs, args.out, not args.no_repair, args.budget_mb, args.smoke,
+              args.ref)
     elif args.cmd == "check":
         check(args.wheels, args.budget_mb)
     elif args.cmd == "smoke":
