@@ -1,6 +1,7 @@
 """tools/ab_wheels.py's parts that need no GPU: config parsing, wheel lookup, the table."""
 import json
 import math
+import os
 import pathlib
 import sys
 
@@ -47,7 +48,6 @@ def test_child_times_and_checks_the_installed_package(op):
     without a GPU): a TFLOP/s figure and the error against jax's attention, small for the
     output (fwd) and for the worst of dq, dk, dv (fwd_bwd)."""
     pytest.importorskip("jax")
-    import os
     code = ab.child_code(ab.parse_configs("bf16:64:64:causal,bf16:128:128"), op, 256)
     got = ab.run_child(code, dict(os.environ), "the installed package")
     assert set(got) == {"bf16 d64 S64 causal", "bf16 d128 S128 full"}

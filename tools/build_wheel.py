@@ -155,14 +155,16 @@ def build(flavour: str, archs: str | None, out: pathlib.Path, repair: bool, budg
         env["XLA_ATTN_CUDA_ARCHS"] = archs
     with tempfile.TemporaryDirectory() as tmp:
         tree = ROOT
-        if ref:
+        # A copy to build from: a commit's files, or the working tree's for a pyproject
+        # that names another flavour.
+        if ref or flavour != "cu12":
             tree = pathlib.Path(tmp, "src")
-            export_ref(ref, tree)
-        if flavour != "cu12":  # build from a copy whose pyproject names the flavour
-            if tree == ROOT:
-                tree = pathlib.Path(tmp, "src")
+            if ref:
+                export_ref(ref, tree)
+            else:
                 shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(
                     ".git", "build", "dist", ".venv*", "__pycache__", ".whl"))
+        if flavour != "cu12":
             set_flavour(flavour, tree)
         raw = pathlib.Path(tmp, "raw")
         run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(raw), str(tree)], env=env)
