@@ -7,16 +7,17 @@
 // One block = 128 keys of one kv head of one sequence (grid: key blocks, kv heads,
 // batch + 1 padding block):
 // - warpgroup 0, the producer: thread 0 copies K and V once, then for every tile (query
-//   head of the GQA group x 64 query rows) Q and dO into one of kStages stages.
+//   head of the GQA group x bwd_rows(D) query rows: 64, d64 128) Q and dO into one of
+//   kStages stages.
 // - the consumers load each tile's lse and D rows (zeros past the rows that see the
 //   block) a tile ahead.
 // - warpgroups 1 and 2, the consumers, 64 keys each: per tile S^T = K Q^T and dP^T = V
 //   dO^T (wgmma, both operands in shared memory), P^T = exp2(S^T - lse) and dS^T = P^T
 //   (dP^T - D) in registers (the sm80 kernel's masks, softcap and ALiBi), dV += P^T dO and
 //   dK += dS^T Q (P^T, dS^T from registers, dO and Q read N-major), and dQ = dS K (dS^T
-//   through shared memory, read M-major) over the block's 128 keys, half of the columns
-//   per warpgroup (d128: a 64-column block, d64: 32 columns). Added into the accumulator
-//   by bulk reductions from shared memory.
+//   through shared memory, read M-major) over the block's 128 keys, half of the dQ tile
+//   per warpgroup (d128: a 64-column block; d64: 64 of the 128 rows). Added into the
+//   accumulator by bulk reductions from shared memory.
 //
 // Rows the boxes read past a sequence (the next sequence's rows, NaN padding, keys past
 // seqused_k) are zeroed in shared memory before any product reads them: 0 x NaN is NaN.
@@ -61,7 +62,7 @@ constexpr bool kDescLowWord = true;
 
 // What a dk/dv block works on: kKeys keys from n0 of kv head hk of sequence b (grid:
 // key blocks, kv heads, batch + 1 padding block), against the row tiles (query head of
-// the GQA group x kBwdRows rows from i_lo) whose rows see some of its keys.
+// the GQA group x kRows rows from i_lo) whose rows see some of its keys.
 struct BwdBlock {
   Sequence s;
   Window win;
@@ -73,8 +74,9 @@ struct BwdBlock {
   BwdTileCursor first;  // the block's first tile
 };
 
-// Plans block blockIdx; false where it owns no key rows (it does nothing).
-template <int kKeys>
+// Plans block blockIdx (row tiles of kRows); false where it owns no key rows (it does
+// nothing).
+template <int kKeys, int kRows>
 __device__ __forceinline__ bool bwd_block(const xla_attn_flash_bwd_params& p, BwdBlock* k) {
   k->hk = blockIdx.y;
   k->b = blockIdx.z;
@@ -95,7 +97,7 @@ __device__ __forceinline__ bool bwd_block(const xla_attn_flash_bwd_params& p, Bw
   i_lo -= i_lo % sm80::kAccChunkRows;
   k->i_lo = i_lo;
   k->i_hi = i_hi;
-  k->per_head = (i_hi - i_lo + kBwdRows - 1) / kBwdRows;
+  k->per_head = (i_hi - i_lo + kRows - 1) / kRows;
   k->tiles = k->per_head * k->group;
   k->full_lo = 0;
   k->full_hi = 0;
@@ -133,13 +135,18 @@ static_assert(kBwdBarrierBytes == 8 * (1 + 2 * kStages), "BwdBars' layout");
 // The producer warpgroup's work (tid its thread): thread 0 copies the block's kKeys rows
 // of K and V (to sK, sV) once, then each tile's Q and dO rows into stage it % kStages
 // (kRows bytes apart from sQ, sdO) once the consumers have freed it.
-template <int kColBlocks, int kKeys>
+template <int kColBlocks, int kKeys, int kTileRows>
 __device__ __forceinline__ void bwd_produce(const BwdArgs& a, const BwdBlock& k, BwdBars bars,
                                             uint32_t sK, uint32_t sV, uint32_t sQ, uint32_t sdO,
                                             int tid) {
-  constexpr uint32_t kKVBlock = kKeys * kRowBytes, kRowsBlock = kBwdRows * kRowBytes;
+  constexpr uint32_t kKVBlock = kKeys * kRowBytes, kRowsBlock = kTileRows * kRowBytes;
   constexpr uint32_t kKV = kColBlocks * kKVBlock, kRows = kColBlocks * kRowsBlock;
-  if (tid == 0 && k.tiles > 0) {
+  // Only thread 0 copies: the warpgroup's other threads leave at once instead of waiting
+  // on every stage's mbarrier beside it (ncu: the producer warpgroup held 32 % of the
+  // kernel's warp samples, polling), and thread 0 waits parked (mbar_wait<true>, as the
+  // forward's copying thread).
+  if (tid != 0) return;
+  if (k.tiles > 0) {
     sm90::mbar_arrive_expect_tx(bars.kv_full(), 2 * kKV);
     for (int c = 0; c < kColBlocks; ++c) {
       const int row = int(k.s.k_start + k.n0);
@@ -150,17 +157,15 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, const BwdBlock& k,
   BwdTileCursor tile = k.first;
   for (int it = 0; it < k.tiles; ++it, tile.advance(k.per_head, k.group)) {
     const int st = it % kStages;
-    if (it >= kStages) sm90::mbar_wait(bars.empty(st), uint32_t(it / kStages - 1) & 1u);
-    const int h = k.hk * k.group + tile.head, i0 = k.i_lo + tile.row * kBwdRows;
-    if (tid == 0) {
-      sm90::mbar_arrive_expect_tx(bars.full(st), 2 * kRows);
-      for (int c = 0; c < kColBlocks; ++c) {
-        const int row = int(k.s.q_start + i0);
-        sm90::tma_load_3d(sQ + st * kRows + c * kRowsBlock, &a.q_map, bars.full(st), 64 * c, h,
-                          row);
-        sm90::tma_load_3d(sdO + st * kRows + c * kRowsBlock, &a.dout_map, bars.full(st), 64 * c,
-                          h, row);
-      }
+    if (it >= kStages) sm90::mbar_wait<true>(bars.empty(st), uint32_t(it / kStages - 1) & 1u);
+    const int h = k.hk * k.group + tile.head, i0 = k.i_lo + tile.row * kTileRows;
+    sm90::mbar_arrive_expect_tx(bars.full(st), 2 * kRows);
+    for (int c = 0; c < kColBlocks; ++c) {
+      const int row = int(k.s.q_start + i0);
+      sm90::tma_load_3d(sQ + st * kRows + c * kRowsBlock, &a.q_map, bars.full(st), 64 * c, h,
+                        row);
+      sm90::tma_load_3d(sdO + st * kRows + c * kRowsBlock, &a.dout_map, bars.full(st), 64 * c,
+                        h, row);
     }
   }
 }
@@ -229,10 +234,13 @@ __device__ __forceinline__ void store_stat_scaled(uint32_t at, float x, float fa
 // key, swizzled): `ds_lane` is the lane's first element (its key's row + 16 g + 4 t).
 // The key's row is 128-byte aligned and its swizzle term is g, so XOR-ing the chunk
 // index into bits 4-6 is the swizzle (sixteen addresses held apart spilled).
-__device__ __forceinline__ void store_ds_step(uint32_t ds_lane, int kk, const uint32_t (&f)[4]) {
+// Rows past 64 go to the next column block of 64 rows (`block_bytes` further).
+__device__ __forceinline__ void store_ds_step(uint32_t ds_lane, uint32_t block_bytes, int kk,
+                                              const uint32_t (&f)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // f[i]: key + 8 (i odd), rows + 8 (i >= 2)
-    const uint32_t at = (ds_lane + 1024u * uint32_t(i & 1)) ^ (16u * uint32_t(2 * kk + (i >> 1)));
+    const uint32_t at = (ds_lane + block_bytes * uint32_t(kk / 4) + 1024u * uint32_t(i & 1)) ^
+                        (16u * uint32_t(2 * (kk % 4) + (i >> 1)));
     asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(f[i]) : "memory");
   }
 }
@@ -245,37 +253,51 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   const xla_attn_flash_bwd_params& p = a.p;
   if (dkdv_padding_block<T>(p)) return;
   constexpr int kColBlocks = D / 64;
-  // dQ = dS K: warpgroup w takes columns [w D / 2, (w + 1) D / 2) over all 128 keys (the
-  // other warpgroup's dS^T read from shared memory): at d128 column block w, at d64 half
-  // of the one column block (N = 32). At d64 each warpgroup took all 64 columns over its
-  // own 64 keys before, both adding into the same chunks: twice the reductions (on an
-  // H100, ncu, S = 8192: 3.2x the kernel's L2 reads, L2 73 % busy); the split halves
-  // them at the same speed (fwd+bwd A/B, 2 rounds, S = 512 ... 16384: within 1.5 %).
-  constexpr int kDqCols = D / kConsumerWarpgroups;
+  // dQ = dS K over all 128 keys (the other warpgroup's dS^T read from shared memory), so
+  // that each dQ element is added once a block: with 64-row tiles (d128) warpgroup w
+  // takes column block w; with 128-row tiles (d64, bwd_rows) its 64 rows (wgmma's M) and
+  // all 64 columns. (At d64 each warpgroup once took all 64 columns over its own 64 keys,
+  // both adding into the same chunks: twice the reductions; on an H100, ncu, S = 8192:
+  // 3.2x the kernel's L2 reads, L2 73 % busy.)
+  constexpr int kTileRows = bwd_rows(D);
+  constexpr bool kDqByRows = kTileRows > 64;
+  static_assert(!kDqByRows || (D == 64 && kTileRows == 64 * kConsumerWarpgroups),
+                "dQ by rows: a warpgroup's 64 rows, all of d64's columns");
+  constexpr int kDqCols = kDqByRows ? D : D / kConsumerWarpgroups;
   constexpr int kDqChunks = kDqCols / sm80::kAccChunkCols;  // accumulator chunks a warp
   static_assert(kDqChunks >= 1 && kDqCols <= 64, "dQ: at most one column block a warpgroup");
-  constexpr int kNT = kBwdRows / 8;  // n8 tiles of S^T (query rows)
+  constexpr int kNT = kTileRows / 8;  // n8 tiles of S^T (query rows)
   constexpr int kDT = D / 8;         // n8 tiles of dK, dV
-  constexpr int kSteps = kBwdRows / 16;  // k-steps of dV += P^T dO, dK += dS^T Q
-  constexpr uint32_t kKVBlock = kBwdKeys * kRowBytes;    // a column block of K or V
-  constexpr uint32_t kRowsBlock = kBwdRows * kRowBytes;  // a column block of Q or dO
+  constexpr int kSteps = kTileRows / 16;  // k-steps of dV += P^T dO, dK += dS^T Q
+  constexpr uint32_t kKVBlock = kBwdKeys * kRowBytes;     // a column block of K or V
+  constexpr uint32_t kRowsBlock = kTileRows * kRowBytes;  // a column block of Q or dO
   constexpr uint32_t kKV = kColBlocks * kKVBlock, kRows = kColBlocks * kRowsBlock;
-  constexpr uint32_t kStatBytes = 2 * kBwdRows * 4;      // a tile's lse and D floats
+  constexpr uint32_t kStatBytes = 2 * kTileRows * 4;      // a tile's lse and D floats
+  constexpr uint32_t kDsBytes = bwd_ds_bytes(D);          // a tile's dS^T
+  constexpr uint32_t kDsBlock = kBwdKeys * kRowBytes;     // 64 of its rows (a column block)
+  static_assert(kDsBytes == (kTileRows / 64) * kDsBlock, "dS^T: column blocks of 64 rows");
+  static_assert(2 * kTileRows <= 256, "the consumers load a tile's lse and D, one a thread");
   extern __shared__ __align__(128) unsigned char smem[];
 
   BwdBlock blk;
-  if (!bwd_block<kBwdKeys>(p, &blk)) return;
+  if (!bwd_block<kBwdKeys, kTileRows>(p, &blk)) return;
   const Sequence& s = blk.s;
   const Window& win = blk.win;
   const int hk = blk.hk, b = blk.b, hd = p.head_dim, n0 = blk.n0, group = blk.group;
   const int keys_valid = blk.keys_valid, i_lo = blk.i_lo, i_hi = blk.i_hi;
-  const int per_head = blk.per_head, tiles = blk.tiles, full_lo = blk.full_lo, full_hi = blk.full_hi;
+  // tiles, per_head, the warpgroup and the tile's stage and dS^T buffer addresses are the
+  // same in every lane; broadcast from lane 0 (__shfl_sync), ptxas knows it and keeps the
+  // tile loop and the products' descriptors in uniform registers. Derived from loaded
+  // sequence bounds and threadIdx, every descriptor went through R2UR moves (ptxas sm_90a:
+  // 129 / 97 R2UR at d128 / d64 against 21).
+  const int per_head = __shfl_sync(~0u, blk.per_head, 0), tiles = __shfl_sync(~0u, blk.tiles, 0),
+            full_lo = blk.full_lo, full_hi = blk.full_hi;
   const BwdTileCursor first = blk.first;
 
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
   const uint32_t sK = base, sV = sK + kKV, sQ = sV + kKV, sdO = sQ + kStages * kRows;
-  const uint32_t sDs = sdO + kStages * kRows;    // + (tile % 2) * kBwdDsBytes
-  const uint32_t sDq = sDs + 2 * kBwdDsBytes;    // + consumer warp * kBwdDqWarpBytes
+  const uint32_t sDs = sdO + kStages * kRows;    // + (tile % 2) * kDsBytes
+  const uint32_t sDq = sDs + 2 * kDsBytes;       // + consumer warp * kBwdDqWarpBytes
   const uint32_t sStat = sDq + kBwdDqBytes;      // + (tile % 2) * kStatBytes
   const uint32_t bars = sStat + 2 * kStatBytes;
   const BwdBars bar{bars};
@@ -287,11 +309,12 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 
   if (threadIdx.x < 128) {
     sm90::regs_release<kProducerRegs>();
-    bwd_produce<kColBlocks, kBwdKeys>(a, blk, bar, sK, sV, sQ, sdO, threadIdx.x);
+    bwd_produce<kColBlocks, kBwdKeys, kTileRows>(a, blk, bar, sK, sV, sQ, sdO, threadIdx.x);
   } else {
     sm90::regs_acquire<kConsumerRegs>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
-    const int wg = ct / 128, warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
+    const int wg = __shfl_sync(~0u, ct / 128, 0), warp = (ct % 128) / 32, lane = ct % 32,
+              g = lane / 4, t = lane % 4;
     const int key_wg = 64 * wg, key_w = key_wg + 16 * warp;  // block-relative keys
     float dk[1][kDT][4] = {}, dv[1][kDT][4] = {};
     float(&dk_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dk);
@@ -302,18 +325,18 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     // the stage's mbarrier, compute-sanitizer's racecheck reported the reads as races
     // with the writes.
     auto load_stat = [&](const BwdTileCursor& c) {
-      const int i = i_lo + c.row * kBwdRows + ct % kBwdRows;
-      const float* src = ct < kBwdRows ? p.softmax_lse : bwd_delta(p);
+      const int i = i_lo + c.row * kTileRows + ct % kTileRows;
+      const float* src = ct < kTileRows ? p.softmax_lse : bwd_delta(p);
       return i < i_hi ? src[int64_t(hk * group + c.head) * p.total_q + s.q_start + i] : 0.f;
     };
     auto store_stat = [&](int it, float x) {
-      if (ct < 2 * kBwdRows) {
+      if (ct < 2 * kTileRows) {
         store_stat_scaled(sStat + uint32_t(it % 2) * kStatBytes + 4u * uint32_t(ct), x,
-                          ct < kBwdRows ? -kLog2e : 1.f);
+                          ct < kTileRows ? -kLog2e : 1.f);
       }
     };
     if (tiles > 0) {
-      store_stat(0, ct < 2 * kBwdRows ? load_stat(first) : 0.f);
+      store_stat(0, ct < 2 * kTileRows ? load_stat(first) : 0.f);
       sm90::mbar_wait(kv_full, 0u);
       if (keys_valid < kBwdKeys) {
         zero_tiles_rows<kColBlocks>(sK, sV, kBwdKeys, max(keys_valid, 0), ct);
@@ -324,8 +347,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     sm80::BwdScore sc_mod{};
     BwdTileCursor tile = first;
     for (int it = 0; it < tiles; ++it, tile.advance(per_head, group)) {
-      const int st = it % kStages, h = hk * group + tile.head, i0 = i_lo + tile.row * kBwdRows;
-      const uint32_t tQ = sQ + st * kRows, tdO = sdO + st * kRows;
+      const int st = it % kStages, h = hk * group + tile.head, i0 = i_lo + tile.row * kTileRows;
+      const uint32_t tQ = __shfl_sync(~0u, sQ + st * kRows, 0), tdO = tQ + kStages * kRows;
       if (h != h_prev) {  // bwd_score_of, written out: called, ptxas allocated this
         h_prev = h;         // kernel's registers otherwise (H100: d128 -2 % at S = 2048)
         const bool capped = p.softcap > 0.f;
@@ -336,8 +359,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
                           capped};
       }
       sm90::mbar_wait(full(st), uint32_t(it / kStages) & 1u);
-      if (i0 + kBwdRows > i_hi) {  // rows past the block's last: zeros (block-uniform)
-        zero_tiles_rows<kColBlocks>(tQ, tdO, kBwdRows, i_hi - i0, ct);
+      if (i0 + kTileRows > i_hi) {  // rows past the block's last: zeros (block-uniform)
+        zero_tiles_rows<kColBlocks>(tQ, tdO, kTileRows, i_hi - i0, ct);
         sm90::named_barrier(1, 256);
       }
 
@@ -356,9 +379,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(kk % 4) * 32u;
         const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
-        sm90::wgmma_ss<kBwdRows, T, false, kDescLowWord>(
+        sm90::wgmma_ss<kTileRows, T, false, kDescLowWord>(
             st_flat, sm90::desc_plus(k_desc, at), sm90::desc_plus(q_desc, rows_at), kk > 0);
-        sm90::wgmma_ss<kBwdRows, T, false, kDescLowWord>(
+        sm90::wgmma_ss<kTileRows, T, false, kDescLowWord>(
             dp_flat, sm90::desc_plus(k_desc, kKV + at),
             sm90::desc_plus(q_desc, kStages * kRows + rows_at), kk > 0);
       }
@@ -366,19 +389,19 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // The next tile's lse / D row, while the products run.
       BwdTileCursor next = tile;
       next.advance(per_head, group);
-      const float next_stat = it + 1 < tiles && ct < 2 * kBwdRows ? load_stat(next) : 0.f;
+      const float next_stat = it + 1 < tiles && ct < 2 * kTileRows ? load_stat(next) : 0.f;
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(st_flat);
       sm90::wgmma_hold(dp_flat);
 
       // P^T and dS^T (times softcap'). Element (nt, 2 hf + e): key n0 + key_w + g + 8 hf,
       // row i0 + 8 nt + 2t + e.
-      const bool mask = (i0 < full_lo) | (i0 + kBwdRows > full_hi);
+      const bool mask = (i0 < full_lo) | (i0 + kTileRows > full_hi);
       const uint32_t stat = sStat + uint32_t(it % 2) * kStatBytes;
       // dS^T goes to the warpgroup's buffer (keys x rows, 16-bit) for dQ = dS K
       // (store_ds_step). dS^T of the block's 128 keys, double-buffered by tile: a warpgroup writes tile
       // it + 1's while the other may still read tile it's (they meet once a tile).
-      const uint32_t ds_buf = sDs + uint32_t(it % 2) * kBwdDsBytes;
+      const uint32_t ds_buf = __shfl_sync(~0u, sDs + uint32_t(it % 2) * kDsBytes, 0);
       const uint32_t ds_lane = ds_buf + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) +
                                4u * uint32_t(t);
       uint32_t pa[kSteps][4], da[kSteps][4];
@@ -402,7 +425,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
             win.rows_seeing_key(n0 + key_w + g + 8 * hf, s.num_k, s.offset, i_hi, i0 + 2 * t,
-                                kBwdRows, &vis_lo[hf], &vis_hi[hf]);
+                                kTileRows, &vis_lo[hf], &vis_hi[hf]);
           }
         }
         // A k-step (two n8 tiles of rows) at a time, so that S^T and dP^T registers die
@@ -418,7 +441,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
                          : "r"(stat + 4u * uint32_t(col)));
             asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
                          : "=f"(del.x), "=f"(del.y)
-                         : "r"(stat + 4u * uint32_t(kBwdRows + col)));
+                         : "r"(stat + 4u * uint32_t(kTileRows + col)));
             const float nlse2[2] = {nlse.x, nlse.y}, dl[2] = {del.x, del.y};
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
@@ -449,14 +472,16 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
           }
           sm80::accum_to_a<T>(pa[kk], stt[0][2 * kk], stt[0][2 * kk + 1]);
           sm80::accum_to_a<T>(da[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
-          store_ds_step(ds_lane, kk, da[kk]);
+          store_ds_step(ds_lane, kDsBlock, kk, da[kk]);
         }
       };
-      // The masked copy at d64 only: at d128 its registers made ptxas spill 48 bytes
-      // more, and on an H100 (fwd+bwd, A/B in one session, 2 rounds) causal S = 1024
-      // gained 11 % but full S = 1024 / 16384 lost 9 % / 3 %; at d64 causal gained 2-9 %
-      // and full rows stayed within 3 %.
-      constexpr bool kMaskedCopy = D <= 64;
+      // The masked copy at d64 and d128. d64: causal gained 2-9 %, full rows within 3 %.
+      // d128 with 64-bit descriptors: its registers made ptxas spill 48 bytes more, causal
+      // S = 1024 gained 11 % but full S = 1024 / 16384 lost 9 % / 3 %; with the
+      // descriptors' low words in uniform registers it spills 60 / 72 bytes (36 / 36
+      // without) and gains everywhere (H100, fwd+bwd A/B, 2 rounds: causal S = 1024 /
+      // 4096 +14 % / +5 %, full S = 4096 / 16384 +2 %).
+      constexpr bool kMaskedCopy = D <= 128;
       const bool plain = !sc_mod.capped && sc_mod.slope == 0.f;
       if (!mask && plain) {
         grads(kGradsFast);
@@ -486,16 +511,17 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       if (it + 1 < tiles) store_stat(it + 1, next_stat);
       sm90::named_barrier(1, 256);  // both warpgroups' dS^T rows (and the next lse / D)
 
-      // dQ = dS K (kDqCols / 2 f32 a thread: the tile's 64 rows x kDqCols columns from
-      // dq_col0), added into the accumulator's chunks: rows 16 warp + g (+ 8) of the
-      // tile, columns dq_col0 + 8 j + 2t (+ 1). A row chunk wholly past the block's rows
-      // adds nothing (it may be the next sequence's); chunks past hd do not exist.
-      const int dq_col0 = wg * kDqCols;
+      // dQ = dS K (kDqCols / 2 f32 a thread: 64 rows of the tile from dq_row0 x kDqCols
+      // columns from dq_col0), added into the accumulator's chunks: rows dq_row0 + 16
+      // warp + g (+ 8) of the tile, columns dq_col0 + 8 j + 2t (+ 1). A row chunk wholly
+      // past the block's rows adds nothing (it may be the next sequence's); chunks past
+      // hd do not exist.
+      const int dq_col0 = kDqByRows ? 0 : wg * kDqCols, dq_row0 = kDqByRows ? 64 * wg : 0;
       float dq[kDqCols / 2];
       uint64_t kcol_desc = sm90::smem_desc(
           sK + uint32_t(dq_col0 / 64) * kKVBlock + uint32_t(dq_col0 % 64) * 2u, 0);
       asm volatile("" : "+l"(kcol_desc));
-      const uint64_t ds_desc = sm90::smem_desc(ds_buf, 0);
+      const uint64_t ds_desc = sm90::smem_desc(ds_buf + uint32_t(dq_row0 / 64) * kDsBlock, 0);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
@@ -512,7 +538,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       if (lane == 0) sm90::bulk_wait<0, true>();
       __syncwarp();  // S^T, dP^T, dV and dK are done with the stage
       if (lane == 0) sm90::mbar_arrive(empty(st));
-      if (i_hi - i0 > 16 * warp) {
+      if (i_hi - i0 > dq_row0 + 16 * warp) {
         // The warp's chunks go through its slice of sDq in the accumulator's layout
         // (sm80::acc_offset: a lane's 4 floats of n8 tile j at j * 128 + 4 lane) and one
         // bulk reduction adds them. With one red.global.add.v4 per 4 floats (before),
@@ -534,8 +560,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         sm90::fence_proxy_async_shared();
         __syncwarp();
         if (lane == 0) {
-          float* const acc = bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
-                             dq_col0 / 32 * sm80::kAccChunk;
+          float* const acc =
+              bwd_dq_accum_rows(p, h, s, b, (i0 + dq_row0) / sm80::kAccChunkRows + warp) +
+              dq_col0 / 32 * sm80::kAccChunk;
           sm90::bulk_reduce_add_f32(acc, slice, uint32_t(chunks) * sm80::kAccChunk * 4u);
           sm90::bulk_commit();
         }

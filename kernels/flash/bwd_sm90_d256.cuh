@@ -37,7 +37,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
   extern __shared__ __align__(128) unsigned char smem[];
 
   BwdBlock blk;
-  if (!bwd_block<kKeys>(p, &blk)) return;
+  if (!bwd_block<kKeys, kBwdRows>(p, &blk)) return;
   const Sequence& s = blk.s;
   const int b = blk.b, hd = p.head_dim, n0 = blk.n0, i_lo = blk.i_lo, i_hi = blk.i_hi;
 
@@ -52,13 +52,14 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
 
   if (threadIdx.x < 128) {
     sm90::regs_release<kProducerRegs>();
-    bwd_produce<kColBlocks, kKeys>(a, blk, bar, sK, sV, sQ, sdO, threadIdx.x);
+    bwd_produce<kColBlocks, kKeys, kBwdRows>(a, blk, bar, sK, sV, sQ, sdO, threadIdx.x);
     return;
   }
   sm90::regs_acquire<kConsumerRegs>();
   const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
-  const int wg = ct / 128, wt = ct % 128, warp = wt / 32, lane = ct % 32, g = lane / 4,
-            t = lane % 4;
+  // Warp-uniform values broadcast from lane 0 (as bwd_sm90.cuh's, for uniform registers).
+  const int wg = __shfl_sync(~0u, ct / 128, 0), wt = ct % 128, warp = wt / 32, lane = ct % 32,
+            g = lane / 4, t = lane % 4;
   const bool dv_side = wg == 0;
   const int key_w = 16 * warp;  // the warp's keys, block-relative (both warpgroups)
   float grad[1][kDT][4] = {};   // dV (dv_side) or dK
@@ -89,10 +90,11 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
   int h_prev = -1;
   sm80::BwdScore sc_mod{};
   BwdTileCursor tile = blk.first;
-  for (int it = 0; it < blk.tiles; ++it, tile.advance(blk.per_head, blk.group)) {
+  const int tiles = __shfl_sync(~0u, blk.tiles, 0);
+  for (int it = 0; it < tiles; ++it, tile.advance(blk.per_head, blk.group)) {
     const int st = it % kStages, h = blk.hk * blk.group + tile.head,
               i0 = i_lo + tile.row * kBwdRows;
-    const uint32_t tQ = sQ + st * kRows, tdO = sdO + st * kRows;
+    const uint32_t tQ = __shfl_sync(~0u, sQ + st * kRows, 0), tdO = tQ + kStages * kRows;
     if (h != h_prev) {
       h_prev = h;
       sc_mod = bwd_score_of(p, b, h);
@@ -215,7 +217,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
           d[3] = pg.w * (d[3] - del.y);
         }
         sm80::accum_to_a<T>(frag[kk], sp[0][2 * kk], sp[0][2 * kk + 1]);
-        store_ds_step(ds_lane, kk, frag[kk]);
+        store_ds_step(ds_lane, 0u, kk, frag[kk]);
       }
       sm90::fence_proxy_async_shared();
     }

@@ -235,10 +235,10 @@ bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features,
   if (!v) return false;
   flash_sm90::BwdArgs args;
   args.p = p;
-  using flash_sm90::kBwdRows;
   const int bucket = flash_sm90::head_bucket(p.head_dim), keys = flash_sm90::bwd_keys(bucket);
-  if (!encode_rows(&args.q_map, p.q, p.total_q, p.num_heads, p.head_dim, kBwdRows).empty() ||
-      !encode_rows(&args.dout_map, p.dout, p.total_q, p.num_heads, p.head_dim, kBwdRows).empty() ||
+  const int rows = flash_sm90::bwd_rows(bucket);
+  if (!encode_rows(&args.q_map, p.q, p.total_q, p.num_heads, p.head_dim, rows).empty() ||
+      !encode_rows(&args.dout_map, p.dout, p.total_q, p.num_heads, p.head_dim, rows).empty() ||
       !encode_rows(&args.k_map, p.k, p.total_k, p.num_heads_k, p.head_dim, keys).empty() ||
       !encode_rows(&args.v_map, p.v, p.total_k, p.num_heads_k, p.head_dim, keys).empty()) {
     return false;

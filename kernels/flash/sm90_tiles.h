@@ -198,43 +198,52 @@ constexpr size_t kItemCounterBytes = sizeof(int);
 // Backward (flash/bwd_sm90.cuh): the dk/dv kernel of the atomic-dQ path at the d64 and
 // d128 buckets (33-128). One block = a producer warpgroup and two consumer warpgroups of
 // 64 keys each (wgmma's M: S^T = K Q^T, dP^T = V dO^T), so 128 keys a block; tiles of
-// kBwdRows query rows of Q, dO (and their lse, D) stream through kStages stages. A
-// consumer thread holds dK and dV (D / 2 f32 each), S^T and dP^T (32 each) and D / 2
-// columns of dQ (D / 4): d256's dK and dV alone would take 256. So at d256
+// bwd_rows(d) query rows of Q, dO (and their lse, D) stream through kStages stages. A
+// consumer thread holds dK and dV (D / 2 f32 each), S^T and dP^T (rows / 2 each) and
+// its share of dQ (d128: D / 4, d64: D / 2): d256's dK and dV alone would take 256. So at d256
 // (flash/bwd_sm90_d256.cuh) both consumer warpgroups share a block of 64 keys, one
 // holding dV (128 f32), the other dK.
 constexpr int kBwdKeys = 64 * kConsumerWarpgroups;
 constexpr int kBwdKeysD256 = 64;
 constexpr int kBwdRows = 64;
+// d64 takes 128-row tiles: S^T and dP^T at N = 128 (64 f32 each a thread, beside dK and
+// dV's 64), so that a tile's fixed costs (its waits, barriers, lse / D and dQ staging)
+// and each product's shared-memory operand traffic (an N = 64 product reads both
+// operands at shared memory's 128 bytes a cycle) spread over twice the rows; dQ = dS K
+// is then split by rows between the warpgroups (64 rows, all 64 columns, each).
+constexpr int kBwdRowsD64 = 128;
+XLA_ATTN_HOST_DEVICE constexpr int bwd_rows(int d) { return d <= 64 ? kBwdRowsD64 : kBwdRows; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_keys(int d) { return d <= 128 ? kBwdKeys : kBwdKeysD256; }
 XLA_ATTN_HOST_DEVICE constexpr bool bwd_covers(int head_dim) {
   return head_dim > 32 && head_dim <= 256;
 }
-// K and V (kBwdKeys rows), kStages stages of Q and dO (kBwdRows rows), two buffers of the
-// block's dS^T (kBwdKeys keys x kBwdRows rows, 16-bit: one 128-byte row a key), the
-// consumer warps' dQ chunks on their way to the accumulator (a warp's 16 rows x 64
-// columns of f32, in the accumulator's chunk layout), per stage the lse and D floats,
-// then the barriers. d128: 64 + 64 + 32 + 32 + 1 KB.
+// K and V (kBwdKeys rows), kStages stages of Q and dO (bwd_rows rows), two buffers of the
+// block's dS^T (kBwdKeys keys x bwd_rows rows, 16-bit, in column blocks of 64 rows: one
+// 128-byte row a key), the consumer warps' dQ chunks on their way to the accumulator (a
+// warp's 16 rows x 64 columns of f32, in the accumulator's chunk layout), two tiles' lse
+// and D floats, then the barriers. d128: 64 + 64 + 32 + 32 + 1 KB; d64: 32 + 64 + 64 +
+// 32 + 2 KB.
 // d256: K and V (64 keys), kStages stages of Q and dO, P^T softcap' (f32, 64 keys x 64
 // rows) passed from the dV side to the dK side, one buffer of dS^T (the sides meet
 // twice a tile), the lse and D floats: 64 + 128 + 16 + 8 + 1 KB (dQ goes out by
 // red.global.add: the staging would need 64 KB more).
 XLA_ATTN_HOST_DEVICE constexpr int bwd_kv_bytes(int d) { return bwd_keys(d) * 2 * d; }
-XLA_ATTN_HOST_DEVICE constexpr int bwd_rows_bytes(int d) { return kBwdRows * 2 * d; }
-constexpr int kBwdDsBytes = kBwdKeys * kBwdRows * 2;
+XLA_ATTN_HOST_DEVICE constexpr int bwd_rows_bytes(int d) { return bwd_rows(d) * 2 * d; }
+XLA_ATTN_HOST_DEVICE constexpr int bwd_ds_bytes(int d) { return kBwdKeys * bwd_rows(d) * 2; }
 constexpr int kBwdDqWarpBytes = 16 * 64 * 4;
 constexpr int kBwdDqBytes = 4 * kConsumerWarpgroups * kBwdDqWarpBytes;
 constexpr int kBwdPD256Bytes = kBwdKeysD256 * kBwdRows * 4;
 constexpr int kBwdDsD256Bytes = kBwdKeysD256 * kBwdRows * 2;
 constexpr int kBwdBarrierBytes = 8 * (1 + 2 * kStages);
-constexpr int kBwdStatBytes = kStages * 2 * kBwdRows * 4;
+XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_bytes(int d) { return 2 * 2 * bwd_rows(d) * 4; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
   return kAlign + 2 * bwd_kv_bytes(d) + 2 * kStages * bwd_rows_bytes(d) +
-         (d <= 128 ? 2 * kBwdDsBytes + kBwdDqBytes : kBwdPD256Bytes + kBwdDsD256Bytes) +
-         kBwdStatBytes + kBwdBarrierBytes;
+         (d <= 128 ? 2 * bwd_ds_bytes(d) + kBwdDqBytes : kBwdPD256Bytes + kBwdDsD256Bytes) +
+         bwd_stat_bytes(d) + kBwdBarrierBytes;
 }
-static_assert(bwd_smem_bytes(128) <= kSmemLimit && bwd_smem_bytes(256) <= kSmemLimit,
-              "the d128 / d256 backward tiles exceed 227 KB");
+static_assert(bwd_smem_bytes(64) <= kSmemLimit && bwd_smem_bytes(128) <= kSmemLimit &&
+                  bwd_smem_bytes(256) <= kSmemLimit,
+              "the d64 / d128 / d256 backward tiles exceed 227 KB");
 
 struct BwdArgs {
   xla_attn_flash_bwd_params p;
