@@ -290,7 +290,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   } else {
     sm90::regs_acquire<consumer_regs(kWgs, kFp8 ? kProducerRegsFp8 : kProducerRegs)>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
-    const int wg = ct / 128, lane = ct % 32;  // the warpgroup, the lane
+    const int wg = __shfl_sync(~0u, ct / 128, 0), lane = ct % 32;  // uniform (fwd_sm90.cuh)
 
     // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
     // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O
