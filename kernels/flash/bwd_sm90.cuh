@@ -290,8 +290,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   // tile loop and the products' descriptors in uniform registers. Derived from loaded
   // sequence bounds and threadIdx, every descriptor went through R2UR moves (ptxas sm_90a:
   // 129 / 97 R2UR at d128 / d64 against 21).
-  const int per_head = __shfl_sync(~0u, blk.per_head, 0), tiles = __shfl_sync(~0u, blk.tiles, 0),
-            full_lo = blk.full_lo, full_hi = blk.full_hi;
+  const int per_head = __shfl_sync(~0u, blk.per_head, 0);
+  const int tiles = __shfl_sync(~0u, blk.tiles, 0), full_lo = blk.full_lo, full_hi = blk.full_hi;
   const BwdTileCursor first = blk.first;
 
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
@@ -398,9 +398,10 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // row i0 + 8 nt + 2t + e.
       const bool mask = (i0 < full_lo) | (i0 + kTileRows > full_hi);
       const uint32_t stat = sStat + uint32_t(it % 2) * kStatBytes;
-      // dS^T goes to the warpgroup's buffer (keys x rows, 16-bit) for dQ = dS K
-      // (store_ds_step). dS^T of the block's 128 keys, double-buffered by tile: a warpgroup writes tile
-      // it + 1's while the other may still read tile it's (they meet once a tile).
+      // dS^T goes to the block's buffer (keys x rows, 16-bit) for dQ = dS K
+      // (store_ds_step): the block's 128 keys, double-buffered by tile, since a warpgroup
+      // writes tile it + 1's while the other may still read tile it's (they meet once a
+      // tile).
       const uint32_t ds_buf = __shfl_sync(~0u, sDs + uint32_t(it % 2) * kDsBytes, 0);
       const uint32_t ds_lane = ds_buf + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) +
                                4u * uint32_t(t);

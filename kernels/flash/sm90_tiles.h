@@ -200,9 +200,9 @@ constexpr size_t kItemCounterBytes = sizeof(int);
 // 64 keys each (wgmma's M: S^T = K Q^T, dP^T = V dO^T), so 128 keys a block; tiles of
 // bwd_rows(d) query rows of Q, dO (and their lse, D) stream through kStages stages. A
 // consumer thread holds dK and dV (D / 2 f32 each), S^T and dP^T (rows / 2 each) and
-// its share of dQ (d128: D / 4, d64: D / 2): d256's dK and dV alone would take 256. So at d256
-// (flash/bwd_sm90_d256.cuh) both consumer warpgroups share a block of 64 keys, one
-// holding dV (128 f32), the other dK.
+// its share of dQ (d128: D / 4, d64: D / 2): d256's dK and dV alone would take 256. So
+// at d256 (flash/bwd_sm90_d256.cuh) both consumer warpgroups share a block of 64 keys,
+// one holding dV (128 f32), the other dK.
 constexpr int kBwdKeys = 64 * kConsumerWarpgroups;
 constexpr int kBwdKeysD256 = 64;
 constexpr int kBwdRows = 64;
