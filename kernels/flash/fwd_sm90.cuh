@@ -214,7 +214,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   extern __shared__ __align__(128) unsigned char smem[];
 
   FwdBlock blk;
-  if (!blk.locate<Out>(p, kBlockM, kBlockN)) return;
+  if (!blk.locate<Out, true>(p, kBlockM, kBlockN)) return;
   const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd, hk = blk.hk;
   static_assert(!kPaged || kWgs == 2, "paged: the two-consumer kernels");
   constexpr bool paged = kPaged;  // the launcher sends paged calls here alone
