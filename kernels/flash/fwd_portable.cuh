@@ -51,6 +51,7 @@ struct FwdBlock {
   // ones before, ...): a list-scheduling model of causal rows on 132 SMs puts the grid
   // order's finish 6-7 % (d128) / 11-14 % (d256) above the work over the SMs, this
   // order's 1-3 %. Remaps (x, y, z) of such a block; the padding blocks stay last.
+  // (The launcher keeps this grid under 2^31 blocks, so 32-bit arithmetic suffices.)
   static __device__ __forceinline__ void tail_first(int batch, int* x, int* y, int* z) {
     const int row_blocks = gridDim.x, heads = gridDim.y, pairs = heads * batch;
     unsigned sms;
