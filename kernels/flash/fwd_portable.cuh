@@ -48,9 +48,11 @@ struct FwdBlock {
   // last wave still holds long blocks of the last heads, started last. With one block an
   // SM (the sm90 kernels) the last (head, sequence) pairs, enough for two blocks an SM,
   // instead start longest first across the pairs (all of their last row blocks, then the
-  // ones before, ...): a list-scheduling model of causal rows on 132 SMs puts the grid
-  // order's finish 6-7 % (d128) / 11-14 % (d256) above the work over the SMs, this
-  // order's 1-3 %. Remaps (x, y, z) of such a block; the padding blocks stay last.
+  // ones before, ...): a list-scheduling model of causal rows on 132 SMs
+  // (tools/tail_model.py) puts the grid order's finish 6-7 % (d128) / 11-14 % (d256)
+  // above the work over the SMs, this order's 1-4 %. Measured on an H100: d256 causal
+  // S = 4096 +9-13 %, d128 +2-6 %, but d256 S = 512 (4 row blocks a head) -3 %. Remaps
+  // (x, y, z) of such a block; the padding blocks stay last.
   // (The launcher keeps this grid under 2^31 blocks, so 32-bit arithmetic suffices.)
   static __device__ __forceinline__ void tail_first(int batch, int* x, int* y, int* z) {
     const int row_blocks = gridDim.x, heads = gridDim.y, pairs = heads * batch;
