@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a grid of uneven blocks finishes: the list-scheduling model behind the sm90
-kernels' longest-first tail (flash/bwd_sm90.cuh bwd_block, flash/fwd_portable.cuh
-FwdBlock::tail_first).
+kernels' longest-first tail (flash/sequence.cuh longest_first_tail, taken by the dk/dv
+kernel and the forward that does not walk).
 
   python3 tools/tail_model.py [--sms 132]
 

@@ -23,6 +23,16 @@
 
 namespace xla_attn::sm90 {
 
+// x, which every lane of the warp already holds alike, taken from lane 0: ptxas then
+// knows it is warp-uniform and keeps what is made of it (descriptors, stage addresses,
+// loop bounds) in uniform registers. Derived from threadIdx or loaded values, each
+// descriptor went through R2UR moves (the dk/dv kernels: 129 / 97 R2UR at d128 / d64
+// against 21; the forward's d128: 74 against 37).
+template <typename T>
+__device__ __forceinline__ T warp_uniform(T x) {
+  return __shfl_sync(0xffffffffu, x, 0);
+}
+
 // The 64-bit matrix descriptor of a 128-byte swizzled operand at shared address
 // `addr` (PTX ISA: "Matrix Descriptor Format"): address, leading- and stride-dimension
 // byte offsets, all >> 4; bits 62-63 = 1 select the 128-byte swizzle.

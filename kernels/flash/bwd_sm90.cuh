@@ -78,28 +78,9 @@ struct BwdBlock {
 // nothing).
 template <int kKeys, int kRows>
 __device__ __forceinline__ bool bwd_block(const xla_attn_flash_bwd_params& p, BwdBlock* k) {
-  // Blocks start in grid order (x fastest), a head's key blocks together, which share its
-  // Q / dO rows in L2. Under a causal mask key block n sees the rows from about n kKeys
-  // on, so a head's blocks range from all of its rows' work to little; the last
-  // (kv head, sequence) pairs, enough for two blocks an SM, start longest first (all of
-  // their key blocks 0, then 1, ...), so that the kernel does not end waiting for a long
-  // block that started last. A list-scheduling model of the bench's causal rows
-  // (tools/tail_model.py) puts the grid order's finish 3-7 % above the work over 132
-  // SMs, this order's 1-2 %; measured on an H100, causal fwd+bwd +1-4 %.
-  // (The launcher keeps this grid under 2^31 blocks, so 32-bit arithmetic suffices.)
+  // Key block n of a head sees its rows from about n kKeys on under a causal mask.
   int x = blockIdx.x, y = blockIdx.y, z = blockIdx.z;
-  const int key_blocks = gridDim.x, heads = gridDim.y, pairs = heads * p.batch;
-  unsigned sms;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  const int tail_pairs = min(pairs, (2 * int(sms) + key_blocks - 1) / key_blocks);
-  const int tail0 = (pairs - tail_pairs) * key_blocks;
-  const int linear = x + key_blocks * (y + heads * z);
-  if (linear >= tail0 && linear < pairs * key_blocks) {
-    const int j = linear - tail0, pair = pairs - tail_pairs + j % tail_pairs;
-    x = j / tail_pairs;
-    y = pair % heads;
-    z = pair / heads;
-  }
+  longest_first_tail(p.batch, &x, &y, &z);
   k->hk = y;
   k->b = z;
   k->s = bwd_sequence(p, k->b);
@@ -307,13 +288,11 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   const Window& win = blk.win;
   const int hk = blk.hk, b = blk.b, hd = p.head_dim, n0 = blk.n0, group = blk.group;
   const int keys_valid = blk.keys_valid, i_lo = blk.i_lo, i_hi = blk.i_hi;
-  // tiles, per_head, the warpgroup and the tile's stage and dS^T buffer addresses are the
-  // same in every lane; broadcast from lane 0 (__shfl_sync), ptxas knows it and keeps the
-  // tile loop and the products' descriptors in uniform registers. Derived from loaded
-  // sequence bounds and threadIdx, every descriptor went through R2UR moves (ptxas sm_90a:
-  // 129 / 97 R2UR at d128 / d64 against 21).
-  const int per_head = __shfl_sync(~0u, blk.per_head, 0);
-  const int tiles = __shfl_sync(~0u, blk.tiles, 0), full_lo = blk.full_lo, full_hi = blk.full_hi;
+  // tiles, per_head, the warpgroup and the tile's stage and dS^T buffer addresses:
+  // sm90::warp_uniform, so that the tile loop and the products' descriptors stay in
+  // uniform registers.
+  const int per_head = sm90::warp_uniform(blk.per_head);
+  const int tiles = sm90::warp_uniform(blk.tiles), full_lo = blk.full_lo, full_hi = blk.full_hi;
   const BwdTileCursor first = blk.first;
 
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
@@ -335,7 +314,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   } else {
     sm90::regs_acquire<kConsumerRegs>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
-    const int wg = __shfl_sync(~0u, ct / 128, 0), warp = (ct % 128) / 32, lane = ct % 32,
+    const int wg = sm90::warp_uniform(ct / 128), warp = (ct % 128) / 32, lane = ct % 32,
               g = lane / 4, t = lane % 4;
     const int key_wg = 64 * wg, key_w = key_wg + 16 * warp;  // block-relative keys
     float dk[1][kDT][4] = {}, dv[1][kDT][4] = {};
@@ -370,7 +349,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     BwdTileCursor tile = first;
     for (int it = 0; it < tiles; ++it, tile.advance(per_head, group)) {
       const int st = it % kStages, h = hk * group + tile.head, i0 = i_lo + tile.row * kTileRows;
-      const uint32_t tQ = __shfl_sync(~0u, sQ + st * kRows, 0), tdO = tQ + kStages * kRows;
+      const uint32_t tQ = sm90::warp_uniform(sQ + st * kRows), tdO = tQ + kStages * kRows;
       if (h != h_prev) {  // bwd_score_of, written out: called, ptxas allocated this
         h_prev = h;         // kernel's registers otherwise (H100: d128 -2 % at S = 2048)
         const bool capped = p.softcap > 0.f;
@@ -424,7 +403,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // (store_ds_step): the block's 128 keys, double-buffered by tile, since a warpgroup
       // writes tile it + 1's while the other may still read tile it's (they meet once a
       // tile).
-      const uint32_t ds_buf = __shfl_sync(~0u, sDs + uint32_t(it % 2) * kDsBytes, 0);
+      const uint32_t ds_buf = sm90::warp_uniform(sDs + uint32_t(it % 2) * kDsBytes);
       const uint32_t ds_lane = ds_buf + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) +
                                4u * uint32_t(t);
       uint32_t pa[kSteps][4], da[kSteps][4];

@@ -57,8 +57,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
   }
   sm90::regs_acquire<kConsumerRegs>();
   const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
-  // Warp-uniform values broadcast from lane 0 (as bwd_sm90.cuh's, for uniform registers).
-  const int wg = __shfl_sync(~0u, ct / 128, 0), wt = ct % 128, warp = wt / 32, lane = ct % 32,
+  const int wg = sm90::warp_uniform(ct / 128), wt = ct % 128, warp = wt / 32, lane = ct % 32,
             g = lane / 4, t = lane % 4;
   const bool dv_side = wg == 0;
   const int key_w = 16 * warp;  // the warp's keys, block-relative (both warpgroups)
@@ -90,11 +89,11 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
   int h_prev = -1;
   sm80::BwdScore sc_mod{};
   BwdTileCursor tile = blk.first;
-  const int tiles = __shfl_sync(~0u, blk.tiles, 0);
+  const int tiles = sm90::warp_uniform(blk.tiles);
   for (int it = 0; it < tiles; ++it, tile.advance(blk.per_head, blk.group)) {
     const int st = it % kStages, h = blk.hk * blk.group + tile.head,
               i0 = i_lo + tile.row * kBwdRows;
-    const uint32_t tQ = __shfl_sync(~0u, sQ + st * kRows, 0), tdO = tQ + kStages * kRows;
+    const uint32_t tQ = sm90::warp_uniform(sQ + st * kRows), tdO = tQ + kStages * kRows;
     if (h != h_prev) {
       h_prev = h;
       sc_mod = bwd_score_of(p, b, h);

@@ -44,38 +44,13 @@ struct FwdBlock {
   int h, b, m0, hd, hk, splits, split, n_lo, n_hi;
   bool paged;
 
-  // Grid order starts a head's row blocks longest first, then the next head's, so the
-  // last wave still holds long blocks of the last heads, started last. With one block an
-  // SM (the sm90 kernels) the last (head, sequence) pairs, enough for two blocks an SM,
-  // instead start longest first across the pairs (all of their last row blocks, then the
-  // ones before, ...): a list-scheduling model of causal rows on 132 SMs
-  // (tools/tail_model.py) puts the grid order's finish 6-7 % (d128) / 11-14 % (d256)
-  // above the work over the SMs, this order's 1-4 %. Measured on an H100: d256 causal
-  // S = 4096 +9-13 %, d128 +2-6 %, but d256 S = 512 (4 row blocks a head) -3 %. Remaps
-  // (x, y, z) of such a block; the padding blocks stay last.
-  // (The launcher keeps this grid under 2^31 blocks, so 32-bit arithmetic suffices.)
-  static __device__ __forceinline__ void tail_first(int batch, int* x, int* y, int* z) {
-    const int row_blocks = gridDim.x, heads = gridDim.y, pairs = heads * batch;
-    unsigned sms;
-    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-    const int tail_pairs = min(pairs, (2 * int(sms) + row_blocks - 1) / row_blocks);
-    const int tail0 = (pairs - tail_pairs) * row_blocks;
-    const int linear = *x + row_blocks * (*y + heads * *z);
-    if (linear >= tail0 && linear < pairs * row_blocks) {
-      const int j = linear - tail0, pair = pairs - tail_pairs + j % tail_pairs;
-      *x = j / tail_pairs;
-      *y = pair % heads;
-      *z = pair / heads;
-    }
-  }
-
-  // kTailFirst (the sm90 kernels, one block an SM): tail_first above.
+  // kTailFirst (the sm90 kernels, one block an SM): longest_first_tail (sequence.cuh).
   template <typename Out, bool kTailFirst = false>
   __device__ __forceinline__ bool locate(const xla_attn_flash_fwd_params& p, int block_m,
                                          int block_n) {
     splits = p.num_splits > 1 ? p.num_splits : 1;
     int x = blockIdx.x, y = blockIdx.y, z = blockIdx.z;
-    if (kTailFirst && splits == 1) tail_first(p.batch, &x, &y, &z);
+    if (kTailFirst && splits == 1) longest_first_tail(p.batch, &x, &y, &z);
     // Row blocks in reverse: under a causal mask (bottom-right aligned) the last rows see
     // the most keys, and starting the longest blocks first leaves short ones for the
     // last wave instead of long ones.

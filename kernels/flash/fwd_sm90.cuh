@@ -360,9 +360,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   } else {
     sm90::regs_acquire<consumer_regs(kWgs, kFp8 ? kProducerRegsFp8 : kProducerRegs)>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
-    // The warpgroup, broadcast from lane 0: known warp-uniform, its Q rows' descriptors
-    // stay in uniform registers (as the backward's, bwd_sm90.cuh).
-    const int wg = __shfl_sync(~0u, ct / 128, 0), row0 = wg * 64;
+    // The warpgroup (warp_uniform: its Q rows' descriptors stay in uniform registers).
+    const int wg = sm90::warp_uniform(ct / 128), row0 = wg * 64;
     const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
 
     // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).

@@ -290,7 +290,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   } else {
     sm90::regs_acquire<consumer_regs(kWgs, kFp8 ? kProducerRegsFp8 : kProducerRegs)>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
-    const int wg = __shfl_sync(~0u, ct / 128, 0), lane = ct % 32;  // uniform (fwd_sm90.cuh)
+    const int wg = sm90::warp_uniform(ct / 128), lane = ct % 32;
 
     // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
     // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O
@@ -327,12 +327,11 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       const uint32_t sQ = sQ0 + qb * kQBytes;
       // The thread's indices, made anew each item (opaque to ptxas): else it computes the
       // addresses made from them once before the walk and holds them across the tile loop
-      // (d256: 200 bytes of spill there). The warp's index is broadcast from lane 0, which
-      // tells ptxas it is the same across the warp, so that what is made of it (the
-      // products' descriptors) stays in uniform registers.
+      // (d256: 200 bytes of spill there). The warp's index through sm90::warp_uniform, so
+      // that what is made of it (the products' descriptors) stays in uniform registers.
       int warp_id = ct / 32, ln = lane;
       asm volatile("" : "+r"(warp_id), "+r"(ln));
-      warp_id = __shfl_sync(0xffffffffu, warp_id, 0);
+      warp_id = sm90::warp_uniform(warp_id);
       const int tid = warp_id * 32 + ln;
       const int row0 = warp_id / 4 * 64;  // the warpgroup's first row in the block
       const int warp = warp_id % 4, g = ln / 4, t = ln % 4;
@@ -555,12 +554,12 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     for (int qi = 0;; ++qi) {
       const int qb = qi % kQBufs;
       sm90::mbar_wait(q_full(qb), parity(qi, kQBufs));
-      // read by every lane, broadcast from lane 0 to tell ptxas it is warp-uniform (as
-      // blockIdx is: the stage indices and descriptors made from it stay uniform)
-      const int item = __shfl_sync(0xffffffffu, item_of(qb), 0);
+      // read by every lane, made warp-uniform (as blockIdx is: the stage indices and
+      // descriptors made from it stay uniform)
+      const int item = sm90::warp_uniform(item_of(qb));
       if (item < 0) break;
       if (locate(item, blk, ct, kConsumers)) {  // (a padding item is zeroed in there)
-        g0 = __shfl_sync(0xffffffffu, g0 + consume(blk, qb, g0), 0);  // uniform, as above
+        g0 = sm90::warp_uniform(g0 + consume(blk, qb, g0));
         // this warp's staging stores ordered before the copy engine's next writes to
         // the buffer (the async proxy)
         sm90::fence_proxy_async_shared();

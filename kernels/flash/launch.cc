@@ -245,8 +245,8 @@ bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features,
   }
   const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + keys - 1) / keys), p.num_heads_k,
                   p.batch + 1);
-  // bwd_block numbers the blocks in 32 bits (one long sequence beside 65534 short ones
-  // could pass 2^31): the sm80 kernel takes such a grid.
+  // longest_first_tail numbers the blocks in 32 bits (one long sequence beside 65534 short
+  // ones could pass 2^31): the sm80 kernel takes such a grid.
   if (int64_t(grid.x) * grid.y * grid.z > INT32_MAX) return false;
   const size_t smem = size_t(flash_sm90::bwd_smem_bytes(bucket));
   *error = dispatch::launch(*v, grid, smem, stream, &args);
