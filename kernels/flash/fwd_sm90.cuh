@@ -147,6 +147,26 @@ __device__ __forceinline__ void issue_pv_on(float (&o)[D / 2],
   sm90::wgmma_commit();
 }
 
+// A consumer warpgroup's tiles 0 .. tiles - 1 with its products one after the other
+// (sm90_tiles.h, overlaps_products): S_j issued and waited for (s_landed(j): hold S,
+// release K_j), its softmax and P (softmax_to_p(j); O rescaled in place, no product
+// is writing it), then P_j V_j issued and waited for (pv_landed(j)).
+template <typename IssueS, typename SLanded, typename SoftmaxToP, typename IssuePv,
+          typename PvLanded>
+__device__ __forceinline__ void tiles_in_turn(int tiles, IssueS&& issue_s, SLanded&& s_landed,
+                                              SoftmaxToP&& softmax_to_p, IssuePv&& issue_pv,
+                                              PvLanded&& pv_landed) {
+  for (int j = 0; j < tiles; ++j) {
+    issue_s(j);
+    sm90::wgmma_wait<0>();
+    s_landed(j);
+    softmax_to_p(j);
+    issue_pv(j);
+    sm90::wgmma_wait<0>();
+    pv_landed(j);
+  }
+}
+
 // One kBlockN x 128-byte V tile of e4m3 (rows = keys, 128-byte swizzled as the copy
 // engine lands it) into V^T (rows = head dims, kBlockN = 128 bytes of keys, swizzled the
 // same way), as the K-major B operand of P V, by the producer's transposing warps. Keys
@@ -201,7 +221,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   constexpr int kEB = int(sizeof(T));  // element bytes: 2, or 1 for e4m3
   constexpr bool kFp8 = kEB == 1;
   using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
-  static_assert(!kFp8 || (D == kFp8HeadDim && kWgs == 2), "fp8: the d128 bucket, 2 consumers");
+  static_assert(!kFp8 || (D == kFp8HeadDim && kWgs == (kPaged ? 2 : kFp8Wgs)),
+                "fp8: the d128 bucket, three consumers (paged: two)");
   constexpr int kColBlocks = D * kEB / kRowBytes;  // 128-byte column blocks of a row
   constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
   constexpr int kNT = kBlockN / 8;    // n8 tiles of S
@@ -294,7 +315,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   if (threadIdx.x < 128) {
     // The producer. Coordinates are (column, head, row), innermost first; boxes past
     // the tensor's rows or head_dim read as zeros.
-    sm90::regs_release<kFp8 ? kProducerRegsFp8 : kProducerRegs>();
+    sm90::regs_release<producer_regs(kWgs, kEB)>();
     // Tile j into stage j % kStages, each tensor once the stage's previous tile (j -
     // kStages) has released it: its (j / kStages - 1)-th release. fp8's raw V stages
     // are released by the transposing warps.
@@ -358,7 +379,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       for (int j = 0; j < tiles; ++j) transpose_stage(j);
     }
   } else {
-    sm90::regs_acquire<consumer_regs(kWgs, kFp8 ? kProducerRegsFp8 : kProducerRegs)>();
+    sm90::regs_acquire<consumer_regs(kWgs, producer_regs(kWgs, kEB))>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
     // The warpgroup (warp_uniform: its Q rows' descriptors stay in uniform registers).
     const int wg = sm90::warp_uniform(ct / 128), row0 = wg * 64;
@@ -514,7 +535,40 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         if (!(last && wg == 1)) sm90::named_arrive(kTurnBarrier + 1 - wg, 256);
       }
     };
-    if (tiles > 0) {
+    // O's deferred rescale (softmax), once no product is writing O
+    auto rescale_o = [&] {
+      if (rescale) {
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[0][dt][i] *= corr[0][i / 2];
+        }
+      }
+    };
+    constexpr bool kOverlap = overlaps_products(kWgs, kEB);  // else tiles_in_turn
+    if constexpr (!kOverlap) {
+      if (tiles > 0) sm90::mbar_wait(q_full, 0u);
+      tiles_in_turn(
+          tiles, issue_s,
+          [&](int j) {
+            sm90::wgmma_hold(s_flat);
+            release(kEmptyK, j % kKRing);
+          },
+          [&](int j) {
+            softmax(j, box_present(j));
+            rescale_o();
+            to_p();
+          },
+          [&](int j) {
+            zero_v_tail(j);
+            issue_pv(j);
+          },
+          [&](int j) {
+            sm90::wgmma_hold(o_flat);
+            release(kEmptyV, j % kPvRing);
+          });
+    }
+    if (tiles > 0 && kOverlap) {
       if (wg == 1) their_turn();
       const bool present = box_present(0);
       sm90::mbar_wait(q_full, 0u);
@@ -527,7 +581,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       softmax(0, present);  // O is still zero: nothing to rescale
       to_p();
     }
-    for (int j = 1; j < tiles; ++j) {
+    for (int j = 1; j < tiles && kOverlap; ++j) {
       const bool present = box_present(j);
       zero_v_tail(j - 1);
       my_turn();
@@ -541,16 +595,10 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(o_flat);
       release(kEmptyV, (j - 1) % kPvRing);
-      if (rescale) {
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) o[0][dt][i] *= corr[0][i / 2];
-        }
-      }
+      rescale_o();
       to_p();
     }
-    if (tiles > 0) {
+    if (tiles > 0 && kOverlap) {
       zero_v_tail(tiles - 1);
       my_turn();
       issue_pv(tiles - 1);

@@ -26,7 +26,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   constexpr int kEB = int(sizeof(T));  // element bytes: 2, or 1 for e4m3
   constexpr bool kFp8 = kEB == 1;
   using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
-  static_assert(!kFp8 || (D == kFp8HeadDim && kWgs == 2), "fp8: the d128 bucket, 2 consumers");
+  static_assert(!kFp8 || (D == kFp8HeadDim && kWgs == kFp8Wgs),
+                "fp8: the d128 bucket, three consumers");
   constexpr int kColBlocks = D * kEB / kRowBytes;  // 128-byte column blocks of a row
   constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
   constexpr int kNT = kBlockN / 8;    // n8 tiles of S
@@ -157,7 +158,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   if (threadIdx.x < 128) {
     // The producer. Coordinates are (column, head, row), innermost first; boxes past
     // the tensor's rows or head_dim read as zeros.
-    sm90::regs_release<kFp8 ? kProducerRegsFp8 : kProducerRegs>();
+    sm90::regs_release<producer_regs(kWgs, kEB)>();
     // Tile g of the walk (its item's tile starting at key n0) into stage g % ring, each
     // tensor once the stage's previous tile (g - ring) has released it: its (g / ring -
     // 1)-th release. fp8's raw V stages are released by the transposing warps.
@@ -288,7 +289,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       }
     }
   } else {
-    sm90::regs_acquire<consumer_regs(kWgs, kFp8 ? kProducerRegsFp8 : kProducerRegs)>();
+    sm90::regs_acquire<consumer_regs(kWgs, producer_regs(kWgs, kEB))>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
     const int wg = sm90::warp_uniform(ct / 128), lane = ct % 32;
 
@@ -462,7 +463,38 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         }
       };
 
-      if (tiles > 0) {
+      auto rescale_o = [&] {  // O's deferred rescale (softmax), once no product writes O
+        if (rescale) {
+  #pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+  #pragma unroll
+            for (int i = 0; i < 4; ++i) o[0][dt][i] *= corr[0][i / 2];
+          }
+        }
+      };
+      constexpr bool kOverlap = overlaps_products(kWgs, kEB);  // else tiles_in_turn
+      if constexpr (!kOverlap) {
+        tiles_in_turn(
+            tiles, issue_s,
+            [&](int j) {
+              sm90::wgmma_hold(s_flat);
+              release(bar(kEmptyK, (g0 + j) % kKRing));
+            },
+            [&](int j) {
+              softmax(j, box_present(j));
+              rescale_o();
+              to_p();
+            },
+            [&](int j) {
+              zero_v_tail(j);
+              issue_pv(j);
+            },
+            [&](int j) {
+              sm90::wgmma_hold(o_flat);
+              release(bar(kEmptyV, (g0 + j) % kPvRing));
+            });
+      }
+      if (tiles > 0 && kOverlap) {
         const bool present = box_present(0);
         my_turn();
         issue_s(0);
@@ -473,7 +505,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         softmax(0, present);  // O is still zero: nothing to rescale
         to_p();
       }
-      for (int j = 1; j < tiles; ++j) {
+      for (int j = 1; j < tiles && kOverlap; ++j) {
         const bool present = box_present(j);
         zero_v_tail(j - 1);
         my_turn();
@@ -487,16 +519,10 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         sm90::wgmma_wait<0>();
         sm90::wgmma_hold(o_flat);
         release(bar(kEmptyV, (g0 + j - 1) % kPvRing));
-        if (rescale) {
-  #pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-  #pragma unroll
-            for (int i = 0; i < 4; ++i) o[0][dt][i] *= corr[0][i / 2];
-          }
-        }
+        rescale_o();
         to_p();
       }
-      if (tiles > 0) {
+      if (tiles > 0 && kOverlap) {
         zero_v_tail(tiles - 1);
         my_turn();
         issue_pv(tiles - 1);

@@ -153,7 +153,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                                            (counter || params.window_right < 0)));
   const char* walk_suffix = walk ? "_walk" : "";
   // d64: three consumer warpgroups (op flash_fwd_tma_m192) where they pay (sm90_tiles.h,
-  // wide_d64), else two.
+  // wide_d64), else two; fp8 three (its flash_fwd_tma instances) unless paged (kFp8Wgs).
   dispatch::Query q = query;
   std::string unused, op;
   const dispatch::VariantEntry* v = nullptr;
@@ -167,6 +167,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
     op = std::string(paged ? "flash_fwd_tma_paged" : "flash_fwd_tma") + walk_suffix;
     q.op = op.c_str();
     if (!(v = dispatch::select(q, &unused))) return false;
+    if (fp8 && !paged) wgs = flash_sm90::kFp8Wgs;
   }
   const FwdTiles tiles = sm90_tiles(d, wgs, eb, walk);
   const FwdPlan pl = plan(params, tiles);

@@ -34,13 +34,35 @@ XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q)
 // (3072 + 384 x 160 = 64512). A consumer holds S (block_n / 2 f32), O (D / 2 f32) and P
 // (block_n / 4 b32): d64 64 + 32 + 32, d128 64 + 64 + 32, d256 32 + 128 + 16.
 // fp8: the producer also transposes V (fwd_sm90.cuh, transpose_v_e4m3), a 16-key x
-// 32-dim block a warp step, in 40 (consumers 232: at 56 / 224 they spilled 300 bytes).
+// 32-dim block a warp step, in 40 (consumers 232: at 56 / 224 they spilled 300 bytes);
+// beside three consumers in 32 (consumers 160: at 152 ptxas spilled 3.7 KB and
+// serialized every wgmma, C7512; at 32 the producer spills 28 bytes, at 24 more).
 constexpr int kProducerRegs = 24;
-constexpr int kProducerRegsFp8 = 40;
+XLA_ATTN_HOST_DEVICE constexpr int producer_regs(int wgs, int eb) {
+  return eb == 2 ? kProducerRegs : wgs == 3 ? 32 : 40;
+}
 XLA_ATTN_HOST_DEVICE constexpr int consumer_regs(int wgs, int producer_regs = kProducerRegs) {
   return (65536 - 128 * producer_regs) / (128 * wgs) / 8 * 8;
 }
 constexpr int kConsumerRegs = consumer_regs(kConsumerWarpgroups);
+
+// fp8 takes three consumer warpgroups (192-row blocks) where it is not paged: its
+// softmax (the same per S element as d64's at 16 bits, for products twice as fast)
+// outlasts its products twice over (docs/benchmarks.md, 2026-11-25 (13)), and a third
+// warpgroup's softmax fills more of that. H100, same run, against two: full S = 512 /
+// 2048 / 8192 / 16384 +4 / +9 / +10 / +12 % (845 against 756 TFLOP/s), causal S = 512 /
+// 2048 / 8192 +0.5 / +3 / +9 %. Paged fp8 keeps two (its kPaged instance, two consumers).
+constexpr int kFp8Wgs = 3;
+
+// FA3's intra-warpgroup overlap (fwd_sm90.cuh): a consumer issues S_j beside P_{j-1}
+// V_{j-1} and runs softmax_j while the latter is in flight, so that S (block_n / 2 f32),
+// O (D / 2) and P (block_n / 4, fp8 / 8) are all held by products in flight at once. Three
+// fp8 consumers cannot (160 registers: ptxas serialized every wgmma, C7512, also with
+// both products waited for before the softmax), so each runs a tile's products one after
+// the other (tiles_in_turn) and the other two warpgroups' softmaxes fill the gaps.
+XLA_ATTN_HOST_DEVICE constexpr bool overlaps_products(int wgs, int eb) {
+  return !(eb == 1 && wgs == 3);
+}
 
 // Head dims are padded with zeros up to 64, 128 or 256 (the copy engine fills columns
 // past head_dim with zeros): whole 128-byte rows per 64-column block.
@@ -102,7 +124,7 @@ constexpr int kTransposeWarps = 3;
 // tiles, for fp8 vt_stages V^T tiles (V transposed by the producer: fp8 wgmma reads B
 // K-major only, and P V's K is the keys), then the barriers. kAlign of slack aligns the
 // start. d128: 2 x 32 + 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's limit on
-// sm_90); fp8 d128: 2 x 16 + 11 x 16 KB.
+// sm_90); fp8 d128 (three consumers): 2 x 24 + 11 x 16 KB (226.7 KB in all).
 constexpr int kAlign = 1024;
 constexpr int kRowBytes = 128;  // one column block of a row
 constexpr int kSmemLimit = 227 * 1024;
@@ -138,9 +160,11 @@ XLA_ATTN_HOST_DEVICE constexpr int q_buffers(int d, int wgs, int eb = 2, bool wa
 XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb = 2, bool walk = false) {
   return layout_bytes(d, wgs, eb, q_buffers(d, wgs, eb, walk));
 }
-static_assert(smem_bytes(256, 2) <= kSmemLimit && smem_bytes(128, 2, 1, true) <= kSmemLimit,
+static_assert(smem_bytes(256, 2) <= kSmemLimit &&
+                  smem_bytes(128, kFp8Wgs, 1, true) <= kSmemLimit,
               "the d256 (fp8: d128) tiles exceed sm_90's 227 KB a block");
-static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 && q_buffers(128, 2, 1) == 2,
+static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 &&
+                  q_buffers(128, kFp8Wgs, 1) == 2,
               "d64 / d128 (16-bit and fp8) are meant to double their Q buffers");
 
 // The persistent walk (fwd_sm90_walk.cuh) where it measured faster than one block an
