@@ -147,23 +147,37 @@ __device__ __forceinline__ void issue_pv_on(float (&o)[D / 2],
   sm90::wgmma_commit();
 }
 
+// O's rows times their factors (corr: the softmax's deferred rescale; elements 0, 1 of an
+// n8 tile are row g, 2, 3 row g + 8).
+template <int kDT>
+__device__ __forceinline__ void scale_o_rows(float (&o)[1][kDT][4], const float (&corr)[1][2]) {
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[0][dt][i] *= corr[0][i / 2];
+  }
+}
+
 // A consumer warpgroup's tiles 0 .. tiles - 1 with its products one after the other
-// (sm90_tiles.h, overlaps_products): S_j issued and waited for (s_landed(j): hold S,
-// release K_j), its softmax and P (softmax_to_p(j); O rescaled in place, no product
-// is writing it), then P_j V_j issued and waited for (pv_landed(j)).
-template <typename IssueS, typename SLanded, typename SoftmaxToP, typename IssuePv,
-          typename PvLanded>
-__device__ __forceinline__ void tiles_in_turn(int tiles, IssueS&& issue_s, SLanded&& s_landed,
+// (sm90_tiles.h, overlaps_products): S_j issued and waited for, K_j released
+// (release_k(j)), its softmax and P (softmax_to_p(j); O rescaled in place, no product
+// is writing it), then P_j V_j issued and waited for and V_j released (release_v(j)).
+template <int kS, int kO, typename IssueS, typename ReleaseK, typename SoftmaxToP,
+          typename IssuePv, typename ReleaseV>
+__device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (&o)[kO],
+                                              IssueS&& issue_s, ReleaseK&& release_k,
                                               SoftmaxToP&& softmax_to_p, IssuePv&& issue_pv,
-                                              PvLanded&& pv_landed) {
+                                              ReleaseV&& release_v) {
   for (int j = 0; j < tiles; ++j) {
     issue_s(j);
     sm90::wgmma_wait<0>();
-    s_landed(j);
+    sm90::wgmma_hold(s);
+    release_k(j);
     softmax_to_p(j);
     issue_pv(j);
     sm90::wgmma_wait<0>();
-    pv_landed(j);
+    sm90::wgmma_hold(o);
+    release_v(j);
   }
 }
 
@@ -537,36 +551,16 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     };
     // O's deferred rescale (softmax), once no product is writing O
     auto rescale_o = [&] {
-      if (rescale) {
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) o[0][dt][i] *= corr[0][i / 2];
-        }
-      }
+      if (rescale) scale_o_rows(o, corr);
     };
     constexpr bool kOverlap = overlaps_products(kWgs, kEB);  // else tiles_in_turn
     if constexpr (!kOverlap) {
       if (tiles > 0) sm90::mbar_wait(q_full, 0u);
       tiles_in_turn(
-          tiles, issue_s,
-          [&](int j) {
-            sm90::wgmma_hold(s_flat);
-            release(kEmptyK, j % kKRing);
-          },
-          [&](int j) {
-            softmax(j, box_present(j));
-            rescale_o();
-            to_p();
-          },
-          [&](int j) {
-            zero_v_tail(j);
-            issue_pv(j);
-          },
-          [&](int j) {
-            sm90::wgmma_hold(o_flat);
-            release(kEmptyV, j % kPvRing);
-          });
+          tiles, s_flat, o_flat, issue_s, [&](int j) { release(kEmptyK, j % kKRing); },
+          [&](int j) { softmax(j, box_present(j)); rescale_o(); to_p(); },
+          [&](int j) { zero_v_tail(j); issue_pv(j); },
+          [&](int j) { release(kEmptyV, j % kPvRing); });
     }
     if (tiles > 0 && kOverlap) {
       if (wg == 1) their_turn();

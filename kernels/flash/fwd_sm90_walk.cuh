@@ -464,35 +464,16 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       };
 
       auto rescale_o = [&] {  // O's deferred rescale (softmax), once no product writes O
-        if (rescale) {
-  #pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-  #pragma unroll
-            for (int i = 0; i < 4; ++i) o[0][dt][i] *= corr[0][i / 2];
-          }
-        }
+        if (rescale) scale_o_rows(o, corr);
       };
       constexpr bool kOverlap = overlaps_products(kWgs, kEB);  // else tiles_in_turn
       if constexpr (!kOverlap) {
         tiles_in_turn(
-            tiles, issue_s,
-            [&](int j) {
-              sm90::wgmma_hold(s_flat);
-              release(bar(kEmptyK, (g0 + j) % kKRing));
-            },
-            [&](int j) {
-              softmax(j, box_present(j));
-              rescale_o();
-              to_p();
-            },
-            [&](int j) {
-              zero_v_tail(j);
-              issue_pv(j);
-            },
-            [&](int j) {
-              sm90::wgmma_hold(o_flat);
-              release(bar(kEmptyV, (g0 + j) % kPvRing));
-            });
+            tiles, s_flat, o_flat, issue_s,
+            [&](int j) { release(bar(kEmptyK, (g0 + j) % kKRing)); },
+            [&](int j) { softmax(j, box_present(j)); rescale_o(); to_p(); },
+            [&](int j) { zero_v_tail(j); issue_pv(j); },
+            [&](int j) { release(bar(kEmptyV, (g0 + j) % kPvRing)); });
       }
       if (tiles > 0 && kOverlap) {
         const bool present = box_present(0);

@@ -36,7 +36,8 @@ XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q)
 // fp8: the producer also transposes V (fwd_sm90.cuh, transpose_v_e4m3), a 16-key x
 // 32-dim block a warp step, in 40 (consumers 232: at 56 / 224 they spilled 300 bytes);
 // beside three consumers in 32 (consumers 160: at 152 ptxas spilled 3.7 KB and
-// serialized every wgmma, C7512; at 32 the producer spills 28 bytes, at 24 more).
+// serialized every wgmma, C7512; at 32 the one block an item kernel spills 28 bytes, the
+// walk none; at 24, 204).
 constexpr int kProducerRegs = 24;
 XLA_ATTN_HOST_DEVICE constexpr int producer_regs(int wgs, int eb) {
   return eb == 2 ? kProducerRegs : wgs == 3 ? 32 : 40;
