@@ -226,7 +226,7 @@ __device__ __forceinline__ void transpose_v_blocks(uint32_t raw, uint32_t vt, in
 // branch ptxas wrapped in BSSY / BSYNC), with signed block indices, the loop ran 35
 // instructions a block, now 20, and the transposing warps took 18 % of the fp8 kernel's
 // stall samples beside three consumer warpgroups (ncu, H100, d128 S=8192). H100, same run:
-// +0..+1 % up to S=8192, +4 % at 16384 (the consumers rarely wait for V^T).
+// +0..+1 % up to S=8192, +4 % at 16384: the transposes were not what held the consumers.
 __device__ __forceinline__ void transpose_v_e4m3(uint32_t raw, uint32_t vt, int have, int pt) {
   if (have >= block_n(kFp8HeadDim)) {
     transpose_v_blocks<false>(raw, vt, have, pt);
