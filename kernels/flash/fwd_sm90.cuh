@@ -575,45 +575,46 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
           [&](int j) { softmax(j, box_present(j)); rescale_o(); to_p(); },
           [&](int j) { zero_v_tail(j); issue_pv(j); },
           [&](int j) { release(kEmptyV, j % kPvRing); });
-    }
-    if (tiles > 0 && kOverlap) {
-      if (wg == 1) their_turn();
-      const bool present = box_present(0);
-      sm90::mbar_wait(q_full, 0u);
-      my_turn();
-      issue_s(0);
-      their_turn();
-      sm90::wgmma_wait<0>();
-      sm90::wgmma_hold(s_flat);
-      release(kEmptyK, 0);
-      softmax(0, present);  // O is still zero: nothing to rescale
-      to_p();
-    }
-    for (int j = 1; j < tiles && kOverlap; ++j) {
-      const bool present = box_present(j);
-      zero_v_tail(j - 1);
-      my_turn();
-      issue_s(j);
-      issue_pv(j - 1);
-      their_turn();
-      sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
-      sm90::wgmma_hold(s_flat);
-      release(kEmptyK, j % kKRing);
-      softmax(j, present);
-      sm90::wgmma_wait<0>();
-      sm90::wgmma_hold(o_flat);
-      release(kEmptyV, (j - 1) % kPvRing);
-      rescale_o();
-      to_p();
-    }
-    if (tiles > 0 && kOverlap) {
-      zero_v_tail(tiles - 1);
-      my_turn();
-      issue_pv(tiles - 1);
-      their_turn(true);
-      sm90::wgmma_wait<0>();
-      sm90::wgmma_hold(o_flat);
-      release(kEmptyV, (tiles - 1) % kPvRing);
+    } else {
+      if (tiles > 0) {
+        if (wg == 1) their_turn();
+        const bool present = box_present(0);
+        sm90::mbar_wait(q_full, 0u);
+        my_turn();
+        issue_s(0);
+        their_turn();
+        sm90::wgmma_wait<0>();
+        sm90::wgmma_hold(s_flat);
+        release(kEmptyK, 0);
+        softmax(0, present);  // O is still zero: nothing to rescale
+        to_p();
+      }
+      for (int j = 1; j < tiles; ++j) {
+        const bool present = box_present(j);
+        zero_v_tail(j - 1);
+        my_turn();
+        issue_s(j);
+        issue_pv(j - 1);
+        their_turn();
+        sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+        sm90::wgmma_hold(s_flat);
+        release(kEmptyK, j % kKRing);
+        softmax(j, present);
+        sm90::wgmma_wait<0>();
+        sm90::wgmma_hold(o_flat);
+        release(kEmptyV, (j - 1) % kPvRing);
+        rescale_o();
+        to_p();
+      }
+      if (tiles > 0) {
+        zero_v_tail(tiles - 1);
+        my_turn();
+        issue_pv(tiles - 1);
+        their_turn(true);
+        sm90::wgmma_wait<0>();
+        sm90::wgmma_hold(o_flat);
+        release(kEmptyV, (tiles - 1) % kPvRing);
+      }
     }
 
     // Epilogue: O normalised and rounded, staged in this warpgroup's own rows of sQ

@@ -474,43 +474,44 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
             [&](int j) { softmax(j, box_present(j)); rescale_o(); to_p(); },
             [&](int j) { zero_v_tail(j); issue_pv(j); },
             [&](int j) { release(bar(kEmptyV, (g0 + j) % kPvRing)); });
-      }
-      if (tiles > 0 && kOverlap) {
-        const bool present = box_present(0);
-        my_turn();
-        issue_s(0);
-        their_turn();
-        sm90::wgmma_wait<0>();
-        sm90::wgmma_hold(s_flat);
-        release(bar(kEmptyK, g0 % kKRing));
-        softmax(0, present);  // O is still zero: nothing to rescale
-        to_p();
-      }
-      for (int j = 1; j < tiles && kOverlap; ++j) {
-        const bool present = box_present(j);
-        zero_v_tail(j - 1);
-        my_turn();
-        issue_s(j);
-        issue_pv(j - 1);
-        their_turn();
-        sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
-        sm90::wgmma_hold(s_flat);
-        release(bar(kEmptyK, (g0 + j) % kKRing));
-        softmax(j, present);
-        sm90::wgmma_wait<0>();
-        sm90::wgmma_hold(o_flat);
-        release(bar(kEmptyV, (g0 + j - 1) % kPvRing));
-        rescale_o();
-        to_p();
-      }
-      if (tiles > 0 && kOverlap) {
-        zero_v_tail(tiles - 1);
-        my_turn();
-        issue_pv(tiles - 1);
-        their_turn();
-        sm90::wgmma_wait<0>();
-        sm90::wgmma_hold(o_flat);
-        release(bar(kEmptyV, (g0 + tiles - 1) % kPvRing));
+      } else {
+        if (tiles > 0) {
+          const bool present = box_present(0);
+          my_turn();
+          issue_s(0);
+          their_turn();
+          sm90::wgmma_wait<0>();
+          sm90::wgmma_hold(s_flat);
+          release(bar(kEmptyK, g0 % kKRing));
+          softmax(0, present);  // O is still zero: nothing to rescale
+          to_p();
+        }
+        for (int j = 1; j < tiles; ++j) {
+          const bool present = box_present(j);
+          zero_v_tail(j - 1);
+          my_turn();
+          issue_s(j);
+          issue_pv(j - 1);
+          their_turn();
+          sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+          sm90::wgmma_hold(s_flat);
+          release(bar(kEmptyK, (g0 + j) % kKRing));
+          softmax(j, present);
+          sm90::wgmma_wait<0>();
+          sm90::wgmma_hold(o_flat);
+          release(bar(kEmptyV, (g0 + j - 1) % kPvRing));
+          rescale_o();
+          to_p();
+        }
+        if (tiles > 0) {
+          zero_v_tail(tiles - 1);
+          my_turn();
+          issue_pv(tiles - 1);
+          their_turn();
+          sm90::wgmma_wait<0>();
+          sm90::wgmma_hold(o_flat);
+          release(bar(kEmptyV, (g0 + tiles - 1) % kPvRing));
+        }
       }
 
       // Epilogue: O normalised and rounded, staged in this warpgroup's own rows of sQ

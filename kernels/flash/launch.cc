@@ -157,18 +157,19 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   dispatch::Query q = query;
   std::string unused, op;
   const dispatch::VariantEntry* v = nullptr;
-  int wgs = flash_sm90::kConsumerWarpgroups;
   if (!fp8 && !paged && d == 64 &&
       flash_sm90::wide_d64(params.window_right, params.max_seqlen_q)) {
     q.op = (op = std::string("flash_fwd_tma_m192") + walk_suffix).c_str();
-    if ((v = dispatch::select(q, &unused))) wgs = 3;
+    v = dispatch::select(q, &unused);
   }
   if (!v) {
     op = std::string(paged ? "flash_fwd_tma_paged" : "flash_fwd_tma") + walk_suffix;
     q.op = op.c_str();
     if (!(v = dispatch::select(q, &unused))) return false;
-    if (fp8 && !paged) wgs = flash_sm90::kFp8Wgs;
   }
+  // The kernel's consumer warpgroups, as the variant table built it: a producer
+  // warpgroup and wgs consumers (variants.py, threads = 128 (1 + wgs)).
+  const int wgs = v->threads / 128 - 1;
   const FwdTiles tiles = sm90_tiles(d, wgs, eb, walk);
   const FwdPlan pl = plan(params, tiles);
   if (pl.splits > 1) return false;
