@@ -128,6 +128,17 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// named_barrier that also returns whether pred held in every thread that came.
+__device__ __forceinline__ bool named_barrier_all(int id, int threads, bool pred) {
+  uint32_t all;
+  asm volatile(
+      "{ .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.and.pred q, %2, %3, p;\n"
+      " selp.u32 %0, 1, 0, q; }\n"
+      : "=r"(all)
+      : "r"(uint32_t(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return all != 0;
+}
 
 // A descriptor register `reg` from the low word in operand `lo` and the constant high word.
 #define XLA_ATTN_DESC(reg, lo) "mov.b64 " reg ", {%" lo ", " XLA_ATTN_DESC_HIGH "};\n"

@@ -216,6 +216,10 @@ __device__ __forceinline__ void load_tile(T* tile, const VecSrc& vec_src,
 // (one FFMA per element, exp2(x * exp_mul - m), instead of an FMUL and an FADD:
 // 64 instructions a tile and lane at d128). Softcap, or a factor <= 0, transforms the
 // scores first (prescale) and exp_mul is 1. ALiBi is subtracted in the same units.
+// The running max moves only past kMaxSlack (base 2; TileSoftmax::run_with).
+constexpr float kMaxSlack = 8.f;
+constexpr float kMaxSlackExp = 256.f;  // 2^kMaxSlack
+
 struct TileSoftmax {
   int64_t pos0;        // key position of the lane's first row (m-tile 0, hf 0)
   int n0, n_hi, t;     // tile's first key; end of the block's key range; lane % 4
@@ -228,6 +232,55 @@ struct TileSoftmax {
                        // one branch (tested as two in run(), ptxas kept two)
   bool tile_absent;    // some key of the tile has no page: check valid[]
   const uint8_t* valid;  // [block_n] 1 where the key has a K/V row
+
+  // Row (mt, hf)'s visible keys in the tile: [lo, hi) relative to n0 + 2t (below).
+  template <int kBlockN>
+  __device__ __forceinline__ void visible(int mt, int hf, int* lo, int* hi) const {
+    const int64_t pos = pos0 + mt * kWarps * 16 + 8 * hf;
+    *hi = min(n_hi - n0, kBlockN);
+    if (win.right >= 0) *hi = int(clamp64(pos + win.right + 1 - n0, 0, *hi));
+    *lo = win.left >= 0 ? int(clamp64(pos - win.left - n0, 0, kBlockN)) : 0;
+    *lo -= 2 * t;
+    *hi -= 2 * t;
+  }
+
+  // The exponentials against the running max m as it stands, without a max pass: where
+  // every exponent stays within 2^kMaxSlack the tile would have kept m anyway (run_with),
+  // and the result is the same bit for bit. Returns false where a lane's row sum exceeds
+  // 2^kMaxSlack (then some exponent may, and sc no longer holds the scores: the caller
+  // computes S again and runs run_with); else the lane's row sums in sum (l not yet
+  // updated). Only for rows that have a max (m > -inf) and without softcap, ALiBi, a
+  // score factor <= 0 or absent pages (the caller's test).
+  template <bool kMask, int kMT, int kNT>
+  __device__ __forceinline__ bool exps_at_max(float (&sc)[kMT][kNT][4], const float (&m)[kMT][2],
+                                              float (&sum)[kMT][2]) const {
+    constexpr int kBlockN = kNT * 8;
+    bool ok = true;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        int lo = 0, hi = kBlockN;
+        if constexpr (kMask) visible<kBlockN>(mt, hf, &lo, &hi);
+        float s = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = sc[mt][nt][2 * hf + e];
+            x = fast_exp2(fmaf(x, exp_mul, -m[mt][hf]));
+            if constexpr (kMask) {
+              if (nt * 8 + e < lo || nt * 8 + e >= hi) x = 0.f;
+            }
+            s += x;
+          }
+        }
+        sum[mt][hf] = s;
+        ok &= s <= kMaxSlackExp;
+      }
+    }
+    return ok;
+  }
 
   // In phases over all the lane's rows (2 kMT of them), not row by row: a row's quad
   // max needs two dependent shuffles, and with the rows in turn (and the ALiBi branch
@@ -319,14 +372,7 @@ struct TileSoftmax {
         // faster on every H100 row measured (docs/benchmarks.md, 2026-11-23 (5)); since
         // the O rescale went behind a vote (below), 8 bytes.
         int lo = 0, hi = kBlockN;
-        if constexpr (kMask) {
-          const int64_t pos = pos0 + mt * kWarps * 16 + 8 * hf;
-          hi = min(n_hi - n0, kBlockN);
-          if (win.right >= 0) hi = int(clamp64(pos + win.right + 1 - n0, 0, hi));
-          if (win.left >= 0) lo = int(clamp64(pos - win.left - n0, 0, kBlockN));
-          lo -= 2 * t;
-          hi -= 2 * t;
-        }
+        if constexpr (kMask) visible<kBlockN>(mt, hf, &lo, &hi);
         mx[mt][hf] = -XLA_ATTN_INF;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
@@ -359,7 +405,6 @@ struct TileSoftmax {
     // d256: 128 against the tile's 128 mma) almost only there; and the rescale, a
     // branch on the warp's vote, comes before the exponentials so that those still share
     // a basic block with the P V mma (see the barrier in flash_fwd_sm80).
-    constexpr float kMaxSlack = 8.f;
     float corr[kMT][2], m_use[kMT][2];
     bool moved = false;
 #pragma unroll

@@ -159,21 +159,32 @@ __device__ __forceinline__ void scale_o_rows(float (&o)[1][kDT][4], const float 
 }
 
 // A consumer warpgroup's tiles 0 .. tiles - 1 with its products one after the other
-// (sm90_tiles.h, overlaps_products): S_j issued and waited for, K_j released
-// (release_k(j)), its softmax and P (softmax_to_p(j); O rescaled in place, no product
-// is writing it), then P_j V_j issued and waited for and V_j released (release_v(j)).
-template <int kS, int kO, typename IssueS, typename ReleaseK, typename SoftmaxToP,
-          typename IssuePv, typename ReleaseV>
+// (sm90_tiles.h, overlaps_products): S_j issued and waited for; its softmax first
+// against the running max as it stands (softmax_at_max(j): 1 done, 0 not tried, S as it
+// was; -1 some exponent may have passed 2^kMaxSlack, S overwritten: S_j again, K_j is
+// still held), else the whole softmax (softmax(j)); K_j released (release_k(j)); O
+// rescaled and P (p_ready(j); no product is writing O), then P_j V_j issued and waited
+// for and V_j released (release_v(j)).
+template <int kS, int kO, typename IssueS, typename SoftmaxAtMax, typename Softmax,
+          typename ReleaseK, typename PReady, typename IssuePv, typename ReleaseV>
 __device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (&o)[kO],
-                                              IssueS&& issue_s, ReleaseK&& release_k,
-                                              SoftmaxToP&& softmax_to_p, IssuePv&& issue_pv,
+                                              IssueS&& issue_s, SoftmaxAtMax&& softmax_at_max,
+                                              Softmax&& softmax, ReleaseK&& release_k,
+                                              PReady&& p_ready, IssuePv&& issue_pv,
                                               ReleaseV&& release_v) {
   for (int j = 0; j < tiles; ++j) {
     issue_s(j);
     sm90::wgmma_wait<0>();
     sm90::wgmma_hold(s);
+    const int at_max = softmax_at_max(j);
+    if (at_max < 0) {
+      issue_s(j);
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(s);
+    }
+    if (at_max <= 0) softmax(j);
     release_k(j);
-    softmax_to_p(j);
+    p_ready(j);
     issue_pv(j);
     sm90::wgmma_wait<0>();
     sm90::wgmma_hold(o);
@@ -522,6 +533,26 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         tsm.run_with<true, true>(sc, m, l, defer);
       }
     };
+    // The softmax against the running max as it stands (tiles_in_turn; TileSoftmax::
+    // exps_at_max): not on an item's first tile (no max yet) nor with softcap, ALiBi, a
+    // score factor <= 0 or paged K/V; the warpgroup agrees on the outcome (a barrier with
+    // a vote), since S is computed again by all of it.
+    auto softmax_at_max = [&](int j) {
+      if (j == 0 || softcap || prescale || slope != 0.f || paged) return 0;
+      const int n0 = n_lo + j * kBlockN;
+      const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi);
+      const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
+                                  win, mul, cap, exp_mul, slope / exp_mul, prescale,
+                                  false, false, my_valid};
+      float sum[1][2];
+      bool ok = m[0][0] > -XLA_ATTN_INF && m[0][1] > -XLA_ATTN_INF;
+      if (ok) ok = mask ? tsm.exps_at_max<true>(sc, m, sum) : tsm.exps_at_max<false>(sc, m, sum);
+      if (!sm90::named_barrier_all(kVoteBarrier + wg, 128, ok)) return -1;
+      l[0][0] += sum[0][0];
+      l[0][1] += sum[0][1];
+      rescale = false;
+      return 1;
+    };
     // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
     // P V has completed: a register an in-flight product reads may not be written
     // (ptxas serializes every wgmma of the kernel otherwise, C7513).
@@ -571,8 +602,9 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     if constexpr (!kOverlap) {
       if (tiles > 0) sm90::mbar_wait(q_full, 0u);
       tiles_in_turn(
-          tiles, s_flat, o_flat, issue_s, [&](int j) { release(kEmptyK, j % kKRing); },
-          [&](int j) { softmax(j, box_present(j)); rescale_o(); to_p(); },
+          tiles, s_flat, o_flat, issue_s, softmax_at_max,
+          [&](int j) { softmax(j, box_present(j)); },
+          [&](int j) { release(kEmptyK, j % kKRing); }, [&](int) { rescale_o(); to_p(); },
           [&](int j) { zero_v_tail(j); issue_pv(j); },
           [&](int j) { release(kEmptyV, j % kPvRing); });
     } else {

@@ -440,6 +440,23 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           tsm.run_with<true, true>(sc, m, l, defer);
         }
       };
+      // The softmax against the running max as it stands (fwd_sm90.cuh, the same lambda).
+      auto softmax_at_max = [&](int j) {
+        if (j == 0 || softcap || prescale || slope != 0.f || paged) return 0;
+        const int n0 = n_lo + j * kBlockN;
+        const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi);
+        const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
+                                    win, mul, cap, exp_mul, slope / exp_mul, prescale,
+                                    false, false, my_valid};
+        float sum[1][2];
+        bool ok = m[0][0] > -XLA_ATTN_INF && m[0][1] > -XLA_ATTN_INF;
+        if (ok) ok = mask ? tsm.exps_at_max<true>(sc, m, sum) : tsm.exps_at_max<false>(sc, m, sum);
+        if (!sm90::named_barrier_all(kVoteBarrier + wg, 128, ok)) return -1;
+        l[0][0] += sum[0][0];
+        l[0][1] += sum[0][1];
+        rescale = false;
+        return 1;
+      };
       // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
       // P V has completed: a register an in-flight product reads may not be written
       // (ptxas serializes every wgmma of the kernel otherwise, C7513).
@@ -469,10 +486,10 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       constexpr bool kOverlap = overlaps_products(kWgs, kEB);  // else tiles_in_turn
       if constexpr (!kOverlap) {
         tiles_in_turn(
-            tiles, s_flat, o_flat, issue_s,
+            tiles, s_flat, o_flat, issue_s, softmax_at_max,
+            [&](int j) { softmax(j, box_present(j)); },
             [&](int j) { release(bar(kEmptyK, (g0 + j) % kKRing)); },
-            [&](int j) { softmax(j, box_present(j)); rescale_o(); to_p(); },
-            [&](int j) { zero_v_tail(j); issue_pv(j); },
+            [&](int) { rescale_o(); to_p(); }, [&](int j) { zero_v_tail(j); issue_pv(j); },
             [&](int j) { release(bar(kEmptyV, (g0 + j) % kPvRing)); });
       } else {
         if (tiles > 0) {

@@ -116,6 +116,8 @@ XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int eb) { return eb == 1 ? 3 : 0; }
 // kTurnBarrier + wg the two consumers' turns (ping-pong).
 constexpr int kProducerBarrier = 5;
 constexpr int kTurnBarrier = 6;
+// The three fp8 consumers' votes (tiles_in_turn), kVoteBarrier + wg: they take no turns.
+constexpr int kVoteBarrier = kTurnBarrier;
 // fp8: the producer warpgroup's warps 1 .. 3 transpose V tiles; warp 0's thread 0 copies.
 constexpr int kTransposeWarps = 3;
 
