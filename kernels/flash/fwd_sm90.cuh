@@ -158,6 +158,26 @@ __device__ __forceinline__ void scale_o_rows(float (&o)[1][kDT][4], const float 
   }
 }
 
+// tiles_in_turn's softmax_at_max for one consumer warpgroup (wg) on a tile past its item's
+// first: the exponentials against the running max m (TileSoftmax::exps_at_max, `mask`:
+// the tile has masked keys), agreed on by the warpgroup (a vote on kVoteBarrier + wg):
+// 1 where every lane kept within the bound (l updated), -1 where one did not (S is then
+// overwritten in every lane of the warpgroup). Rows without a max yet (m = -inf: a
+// window's left edge ahead) take the whole softmax.
+template <int kNT>
+__device__ __forceinline__ int softmax_at_running_max(const sm80::TileSoftmax& tsm, bool mask,
+                                                      float (&sc)[1][kNT][4],
+                                                      const float (&m)[1][2], float (&l)[1][2],
+                                                      int wg) {
+  float sum[1][2];
+  bool ok = m[0][0] > -XLA_ATTN_INF && m[0][1] > -XLA_ATTN_INF;
+  if (ok) ok = mask ? tsm.exps_at_max<true>(sc, m, sum) : tsm.exps_at_max<false>(sc, m, sum);
+  if (!sm90::named_barrier_all(kVoteBarrier + wg, 128, ok)) return -1;
+  l[0][0] += sum[0][0];
+  l[0][1] += sum[0][1];
+  return 1;
+}
+
 // A consumer warpgroup's tiles 0 .. tiles - 1 with its products one after the other
 // (sm90_tiles.h, overlaps_products): S_j issued and waited for; its softmax first
 // against the running max as it stands (softmax_at_max(j): 1 done, 0 not tried, S as it
@@ -502,6 +522,12 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // Where some box has none, the warp writes its keys' valid bytes (TileSoftmax's
     // valid[]; box_rows >= 8, so 4 adjacent keys share a box) in its own slice.
     unsigned char* const my_valid = warp_valid + (ct / 32) * kBlockN;
+    // sm80::TileSoftmax for the tile whose first key is n0 (absent: some key has no page)
+    auto tile_softmax = [&](int n0, bool absent) {
+      return sm80::TileSoftmax{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t, win,
+                               mul, cap, exp_mul, slope / exp_mul, prescale,
+                               prescale || slope != 0.f, absent, my_valid};
+    };
     auto softmax = [&](int j, bool present) {
       const int n0 = n_lo + j * kBlockN;
       const uint32_t boxes = paged ? __ballot_sync(0xffffffffu, present) : 0xffffffffu;
@@ -514,9 +540,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         __syncwarp();
       }
       const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi) | absent;
-      const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
-                                  win, mul, cap, exp_mul, slope / exp_mul, prescale,
-                                  prescale || slope != 0.f, absent, my_valid};
+      const sm80::TileSoftmax tsm = tile_softmax(n0, absent);
       rescale = false;
       auto defer = [&](const float (&c)[1][2]) {
         corr[0][0] = c[0][0];
@@ -540,18 +564,9 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     auto softmax_at_max = [&](int j) {
       if (j == 0 || softcap || prescale || slope != 0.f || paged) return 0;
       const int n0 = n_lo + j * kBlockN;
-      const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi);
-      const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
-                                  win, mul, cap, exp_mul, slope / exp_mul, prescale,
-                                  false, false, my_valid};
-      float sum[1][2];
-      bool ok = m[0][0] > -XLA_ATTN_INF && m[0][1] > -XLA_ATTN_INF;
-      if (ok) ok = mask ? tsm.exps_at_max<true>(sc, m, sum) : tsm.exps_at_max<false>(sc, m, sum);
-      if (!sm90::named_barrier_all(kVoteBarrier + wg, 128, ok)) return -1;
-      l[0][0] += sum[0][0];
-      l[0][1] += sum[0][1];
-      rescale = false;
-      return 1;
+      rescale = false;  // where it is not done, the whole softmax sets it
+      return softmax_at_running_max(tile_softmax(n0, false),
+                                    (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
     };
     // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
     // P V has completed: a register an in-flight product reads may not be written

@@ -409,6 +409,12 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       // Where some box has none, the warp writes its keys' valid bytes (TileSoftmax's
       // valid[]; box_rows >= 8, so 4 adjacent keys share a box) in its own slice.
       unsigned char* const my_valid = warp_valid + (tid / 32) * kBlockN;
+      // sm80::TileSoftmax for the tile whose first key is n0 (absent: some key has no page)
+      auto tile_softmax = [&](int n0, bool absent) {
+        return sm80::TileSoftmax{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t, win,
+                                 mul, cap, exp_mul, slope / exp_mul, prescale,
+                                 prescale || slope != 0.f, absent, my_valid};
+      };
       auto softmax = [&](int j, bool present) {
         const int n0 = n_lo + j * kBlockN;
         const uint32_t boxes = paged ? __ballot_sync(0xffffffffu, present) : 0xffffffffu;
@@ -421,9 +427,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           __syncwarp();
         }
         const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi) | absent;
-        const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
-                                    win, mul, cap, exp_mul, slope / exp_mul, prescale,
-                                    prescale || slope != 0.f, absent, my_valid};
+        const sm80::TileSoftmax tsm = tile_softmax(n0, absent);
         rescale = false;
         auto defer = [&](const float (&c)[1][2]) {
           corr[0][0] = c[0][0];
@@ -444,18 +448,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       auto softmax_at_max = [&](int j) {
         if (j == 0 || softcap || prescale || slope != 0.f || paged) return 0;
         const int n0 = n_lo + j * kBlockN;
-        const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi);
-        const sm80::TileSoftmax tsm{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t,
-                                    win, mul, cap, exp_mul, slope / exp_mul, prescale,
-                                    false, false, my_valid};
-        float sum[1][2];
-        bool ok = m[0][0] > -XLA_ATTN_INF && m[0][1] > -XLA_ATTN_INF;
-        if (ok) ok = mask ? tsm.exps_at_max<true>(sc, m, sum) : tsm.exps_at_max<false>(sc, m, sum);
-        if (!sm90::named_barrier_all(kVoteBarrier + wg, 128, ok)) return -1;
-        l[0][0] += sum[0][0];
-        l[0][1] += sum[0][1];
-        rescale = false;
-        return 1;
+        rescale = false;  // where it is not done, the whole softmax sets it
+        return softmax_at_running_max(tile_softmax(n0, false),
+                                      (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
       };
       // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
       // P V has completed: a register an in-flight product reads may not be written
