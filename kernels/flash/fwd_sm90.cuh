@@ -178,13 +178,29 @@ __device__ __forceinline__ int softmax_at_running_max(const sm80::TileSoftmax& t
   return 1;
 }
 
+// Tile j's softmax once S_j has landed (held in s): first against the running max as it
+// stands (softmax_at_max(j): 1 done, 0 not tried, S as it was; -1 some exponent may have
+// passed 2^kMaxSlack and S was overwritten: S_j is computed again, K_j being still held,
+// and waited for with any product in flight), else the whole softmax (softmax(j)); K_j
+// released (release_k(j)) as soon as no product of this tile reads it.
+template <int kS, typename IssueS, typename SoftmaxAtMax, typename Softmax, typename ReleaseK>
+__device__ __forceinline__ void softmax_of_landed_s(int j, float (&s)[kS], IssueS&& issue_s,
+                                                    SoftmaxAtMax&& softmax_at_max,
+                                                    Softmax&& softmax, ReleaseK&& release_k) {
+  const int at_max = softmax_at_max(j);
+  if (at_max < 0) {
+    issue_s(j);
+    sm90::wgmma_wait<0>();
+    sm90::wgmma_hold(s);
+  }
+  release_k(j);
+  if (at_max <= 0) softmax(j);
+}
+
 // A consumer warpgroup's tiles 0 .. tiles - 1 with its products one after the other
-// (sm90_tiles.h, overlaps_products): S_j issued and waited for; its softmax first
-// against the running max as it stands (softmax_at_max(j): 1 done, 0 not tried, S as it
-// was; -1 some exponent may have passed 2^kMaxSlack, S overwritten: S_j again, K_j is
-// still held), else the whole softmax (softmax(j)); K_j released (release_k(j)); O
-// rescaled and P (p_ready(j); no product is writing O), then P_j V_j issued and waited
-// for and V_j released (release_v(j)).
+// (sm90_tiles.h, overlaps_products): S_j issued and waited for, its softmax
+// (softmax_of_landed_s), O rescaled and P (p_ready(j); no product is writing O), then
+// P_j V_j issued and waited for and V_j released (release_v(j)).
 template <int kS, int kO, typename IssueS, typename SoftmaxAtMax, typename Softmax,
           typename ReleaseK, typename PReady, typename IssuePv, typename ReleaseV>
 __device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (&o)[kO],
@@ -196,14 +212,7 @@ __device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (
     issue_s(j);
     sm90::wgmma_wait<0>();
     sm90::wgmma_hold(s);
-    const int at_max = softmax_at_max(j);
-    if (at_max < 0) {
-      issue_s(j);
-      sm90::wgmma_wait<0>();
-      sm90::wgmma_hold(s);
-    }
-    if (at_max <= 0) softmax(j);
-    release_k(j);
+    softmax_of_landed_s(j, s, issue_s, softmax_at_max, softmax, release_k);
     p_ready(j);
     issue_pv(j);
     sm90::wgmma_wait<0>();
@@ -561,8 +570,9 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // exps_at_max): not on an item's first tile (no max yet) nor with softcap, ALiBi, a
     // score factor <= 0 or paged K/V; the warpgroup agrees on the outcome (a barrier with
     // a vote), since S is computed again by all of it.
+    constexpr bool kAtMax = at_running_max(D, kWgs, kEB);  // sm90_tiles.h
     auto softmax_at_max = [&](int j) {
-      if (j == 0 || softcap || prescale || slope != 0.f || paged) return 0;
+      if (!kAtMax || j == 0 || softcap || prescale || slope != 0.f || paged) return 0;
       const int n0 = n_lo + j * kBlockN;
       rescale = false;  // where it is not done, the whole softmax sets it
       return softmax_at_running_max(tile_softmax(n0, false),
@@ -645,8 +655,9 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         their_turn();
         sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
         sm90::wgmma_hold(s_flat);
-        release(kEmptyK, j % kKRing);
-        softmax(j, present);
+        softmax_of_landed_s(
+            j, s_flat, issue_s, softmax_at_max, [&](int j) { softmax(j, present); },
+            [&](int j) { release(kEmptyK, j % kKRing); });
         sm90::wgmma_wait<0>();
         sm90::wgmma_hold(o_flat);
         release(kEmptyV, (j - 1) % kPvRing);

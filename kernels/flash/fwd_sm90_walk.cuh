@@ -445,8 +445,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         }
       };
       // The softmax against the running max as it stands (fwd_sm90.cuh, the same lambda).
+      constexpr bool kAtMax = at_running_max(D, kWgs, kEB);  // sm90_tiles.h
       auto softmax_at_max = [&](int j) {
-        if (j == 0 || softcap || prescale || slope != 0.f || paged) return 0;
+        if (!kAtMax || j == 0 || softcap || prescale || slope != 0.f || paged) return 0;
         const int n0 = n_lo + j * kBlockN;
         rescale = false;  // where it is not done, the whole softmax sets it
         return softmax_at_running_max(tile_softmax(n0, false),
@@ -507,8 +508,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           their_turn();
           sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
           sm90::wgmma_hold(s_flat);
-          release(bar(kEmptyK, (g0 + j) % kKRing));
-          softmax(j, present);
+          softmax_of_landed_s(
+              j, s_flat, issue_s, softmax_at_max, [&](int j) { softmax(j, present); },
+              [&](int j) { release(bar(kEmptyK, (g0 + j) % kKRing)); });
           sm90::wgmma_wait<0>();
           sm90::wgmma_hold(o_flat);
           release(bar(kEmptyV, (g0 + j - 1) % kPvRing));

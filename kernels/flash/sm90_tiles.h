@@ -65,6 +65,11 @@ XLA_ATTN_HOST_DEVICE constexpr bool overlaps_products(int wgs, int eb) {
   return !(eb == 1 && wgs == 3);
 }
 
+// A tile's softmax after an item's first, against the running max as it stands, without
+// the max pass (fwd_sm90.cuh, softmax_at_running_max): S computed again where an exponent
+// may pass the bound. EXPERIMENT: every kernel.
+XLA_ATTN_HOST_DEVICE constexpr bool at_running_max(int d, int wgs, int eb) { return true; }
+
 // Head dims are padded with zeros up to 64, 128 or 256 (the copy engine fills columns
 // past head_dim with zeros): whole 128-byte rows per 64-column block.
 XLA_ATTN_HOST_DEVICE constexpr int head_bucket(int head_dim) {
@@ -116,8 +121,9 @@ XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int eb) { return eb == 1 ? 3 : 0; }
 // kTurnBarrier + wg the two consumers' turns (ping-pong).
 constexpr int kProducerBarrier = 5;
 constexpr int kTurnBarrier = 6;
-// The three fp8 consumers' votes (tiles_in_turn), kVoteBarrier + wg: they take no turns.
-constexpr int kVoteBarrier = kTurnBarrier;
+// kVoteBarrier + wg each consumer warpgroup's vote on its softmax at the running max
+// (fwd_sm90.cuh, softmax_at_running_max).
+constexpr int kVoteBarrier = 9;
 // fp8: the producer warpgroup's warps 1 .. 3 transpose V tiles; warp 0's thread 0 copies.
 constexpr int kTransposeWarps = 3;
 

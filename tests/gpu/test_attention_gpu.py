@@ -353,37 +353,46 @@ def test_flash_forward_fp8_sm90(gpu_device, sm90_grid, rng, mk, monkeypatch, rec
     ref.assert_attention_close(out, exp_out, "fp8_p", lse, exp_lse, valid_rows=valid)
 
 
+@pytest.mark.parametrize("lens", [[2100, 200], [1000, 700]], ids=["long", "short"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_flash_forward_fp8_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkeypatch,
-                                              causal):
-    """The Hopper fp8 forward where each key tile's scores pass the running max by more
-    than 2^8 (base 2): keys grow along the sequence in the queries' direction, so the
-    softmax tried against the running max as it stands (tiles_in_turn) must see that an
-    exponent may overflow its bound and compute the tile's S again. Several 128-key
-    tiles a sequence (2100 query rows: past the walk's reach, so that the one block an item
-    kernel runs too; walk3 the walk); descales; against the float64 reference."""
+@pytest.mark.parametrize("dtype,head_dim", [("float8_e4m3fn", 128), ("bfloat16", 64),
+                                            ("bfloat16", 128), ("float16", 256)])
+def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkeypatch, dtype,
+                                          head_dim, causal, lens):
+    """The Hopper forward where each key tile's scores pass the running max by more than
+    2^8 (base 2): keys grow along the sequence in the queries' direction, so the softmax
+    tried against the running max as it stands (fwd_sm90.cuh, softmax_at_running_max)
+    must see that an exponent may pass its bound and compute the tile's S again. Several
+    key tiles a sequence; "long" (2100 query rows) takes the one block an item kernels
+    at d128 / d256 and fp8 and d64's three warpgroups, "short" the walks and d64's two
+    (causal); walk3 the walks everywhere. Against the float64 reference."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
+    fp8 = dtype == "float8_e4m3fn"
     # 16 heads: enough blocks that no split of the keys is planned (the sm90 family takes
     # no split; with 4 heads the launcher planned 3 and, forced to sm90, found no kernel)
-    lens = [2100, 200]
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float32", lens, lens, heads=16, heads_k=2,
-                                           head_dim=128)
-    # q near all-ones, k near 0.75 * rise: scores rise by ~12 (base 2) a 128-key tile
-    rise = np.concatenate([np.arange(n) / 128.0 for n in lens])[:, None, None]
-    q = (1.0 + 0.25 * q).astype(mk.np_dtype("float8_e4m3fn"))
-    k = (0.75 * rise + 0.25 * k).astype(mk.np_dtype("float8_e4m3fn"))
-    v = v.astype(mk.np_dtype("float8_e4m3fn"))
-    qd, kd, vd = (np.float32(x) for x in (1.0, 1.0, 0.5))
+                                           head_dim=head_dim)
+    # q near all-ones, k near c * rise: scores rise by ~12 (base 2) a key tile (128 keys,
+    # d256 64): c sqrt(d) log2(e) = 12
+    tile = 64 if head_dim > 128 else 128
+    rise = np.concatenate([np.arange(n) / tile for n in lens])[:, None, None]
+    c = 8.3 / np.sqrt(head_dim)
+    q = (1.0 + 0.25 * q).astype(mk.np_dtype(dtype))
+    k = (c * rise + 0.25 * k).astype(mk.np_dtype(dtype))
+    v = v.astype(mk.np_dtype(dtype))
+    scales = dict(q_descale=np.float32(1.0), k_descale=np.float32(1.0),
+                  v_descale=np.float32(0.5)) if fp8 else {}
     exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, causal=causal,
-                                                 q_descale=qd, k_descale=kd, v_descale=vd)
-    args = _on(gpu_device, q, k, v, cu_q, cu_k, qd, kd, vd)
-    out, lse = jax.jit(lambda q, k, v, cq, ck, a, b, c: xj.flash_attn_varlen(
-        q, k, v, cq, ck, max(lens), max(lens), causal=causal, q_descale=a, k_descale=b,
-        v_descale=c, return_softmax_lse=True))(*args)
+                                                 **scales)
+    args = _on(gpu_device, q, k, v, cu_q, cu_k, *scales.values())
+    names = list(scales)
+    out, lse = jax.jit(lambda q, k, v, cq, ck, *s: xj.flash_attn_varlen(
+        q, k, v, cq, ck, max(lens), max(lens), causal=causal, return_softmax_lse=True,
+        **dict(zip(names, s))))(*args)
     assert np.isfinite(np.asarray(out, np.float32)).all()
-    ref.assert_attention_close(out, exp_out, "fp8_p", lse, exp_lse)
+    ref.assert_attention_close(out, exp_out, "fp8_p" if fp8 else dtype, lse, exp_lse)
 
 
 _FP8_MMA = dict(families="sm80", needs=_has_fp8_mma,
