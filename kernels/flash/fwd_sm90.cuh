@@ -158,8 +158,8 @@ __device__ __forceinline__ void scale_o_rows(float (&o)[1][kDT][4], const float 
   }
 }
 
-// tiles_in_turn's softmax_at_max for one consumer warpgroup (wg) on a tile past its item's
-// first: the exponentials against the running max m (TileSoftmax::exps_at_max, `mask`:
+// softmax_of_landed_s's softmax_at_max for one consumer warpgroup (wg) on a tile past its
+// item's first: the exponentials against the running max m (TileSoftmax::exps_at_max, `mask`:
 // the tile has masked keys), agreed on by the warpgroup (a vote on kVoteBarrier + wg):
 // 1 where every lane kept within the bound (l updated), -1 where one did not (S is then
 // overwritten in every lane of the warpgroup). Rows without a max yet (m = -inf: a
@@ -566,17 +566,22 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         tsm.run_with<true, true>(sc, m, l, defer);
       }
     };
-    // The softmax against the running max as it stands (tiles_in_turn; TileSoftmax::
-    // exps_at_max): not on an item's first tile (no max yet) nor with softcap, ALiBi, a
-    // score factor <= 0 or paged K/V; the warpgroup agrees on the outcome (a barrier with
-    // a vote), since S is computed again by all of it.
-    constexpr bool kAtMax = at_running_max(D, kWgs, kEB);  // sm90_tiles.h
+    // The softmax against the running max as it stands (softmax_of_landed_s; TileSoftmax::
+    // exps_at_max) where it pays (sm90_tiles.h, at_running_max): not on an item's first
+    // tile (no max yet) nor with softcap, ALiBi, a score factor <= 0 or paged K/V; the
+    // warpgroup agrees on the outcome (a barrier with a vote), since S is computed again
+    // by all of it.
+    constexpr bool kAtMax = !paged && at_running_max(D, kEB);  // sm90_tiles.h
     auto softmax_at_max = [&](int j) {
-      if (!kAtMax || j == 0 || softcap || prescale || slope != 0.f || paged) return 0;
-      const int n0 = n_lo + j * kBlockN;
-      rescale = false;  // where it is not done, the whole softmax sets it
-      return softmax_at_running_max(tile_softmax(n0, false),
-                                    (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
+      if constexpr (!kAtMax) {
+        return 0;
+      } else {
+        if (j == 0 || softcap || prescale || slope != 0.f) return 0;
+        const int n0 = n_lo + j * kBlockN;
+        rescale = false;  // where it is not done, the whole softmax sets it
+        return softmax_at_running_max(tile_softmax(n0, false),
+                                      (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
+      }
     };
     // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
     // P V has completed: a register an in-flight product reads may not be written

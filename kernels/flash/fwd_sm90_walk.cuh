@@ -445,13 +445,17 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         }
       };
       // The softmax against the running max as it stands (fwd_sm90.cuh, the same lambda).
-      constexpr bool kAtMax = at_running_max(D, kWgs, kEB);  // sm90_tiles.h
+      constexpr bool kAtMax = !paged && at_running_max(D, kEB);  // sm90_tiles.h
       auto softmax_at_max = [&](int j) {
-        if (!kAtMax || j == 0 || softcap || prescale || slope != 0.f || paged) return 0;
-        const int n0 = n_lo + j * kBlockN;
-        rescale = false;  // where it is not done, the whole softmax sets it
-        return softmax_at_running_max(tile_softmax(n0, false),
-                                      (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
+        if constexpr (!kAtMax) {
+          return 0;
+        } else {
+          if (j == 0 || softcap || prescale || slope != 0.f) return 0;
+          const int n0 = n_lo + j * kBlockN;
+          rescale = false;  // where it is not done, the whole softmax sets it
+          return softmax_at_running_max(tile_softmax(n0, false),
+                                        (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
+        }
       };
       // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
       // P V has completed: a register an in-flight product reads may not be written
