@@ -353,23 +353,25 @@ def test_flash_forward_fp8_sm90(gpu_device, sm90_grid, rng, mk, monkeypatch, rec
     ref.assert_attention_close(out, exp_out, "fp8_p", lse, exp_lse, valid_rows=valid)
 
 
-@pytest.mark.parametrize("lens", [[2100, 200], [1000, 700]], ids=["long", "short"])
+@pytest.mark.parametrize("rows", ["long", "short"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype,head_dim", [("float8_e4m3fn", 128), ("bfloat16", 64),
                                             ("bfloat16", 128), ("float16", 256)])
 def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkeypatch, dtype,
-                                          head_dim, causal, lens):
+                                          head_dim, causal, rows):
     """The Hopper forward where each key tile's scores pass the running max by more than
     2^8 (base 2): keys grow along the sequence in the queries' direction, so the softmax
     tried against the running max as it stands (fwd_sm90.cuh, softmax_at_running_max)
     must see that an exponent may pass its bound and compute the tile's S again. Several
-    key tiles a sequence; "long" (2100 query rows) takes the one block an item kernels
-    at d128 / d256 and fp8 and d64's three warpgroups, "short" the walks and d64's two
-    (causal); walk3 the walks everywhere. Against the float64 reference."""
+    key tiles a sequence; "long" rows (past the walks' reach: 2100 at fp8, else 1300) take
+    the one block an item kernels at d128 / d256 and fp8 and d64's three warpgroups,
+    "short" ones (1000) the walks and d64's two (causal); walk3 the walks everywhere.
+    Against the float64 reference."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
     fp8 = dtype == "float8_e4m3fn"
+    lens = {"long": [2100 if fp8 else 1300, 200], "short": [1000, 700]}[rows]
     # 16 heads: enough blocks that no split of the keys is planned (the sm90 family takes
     # no split; with 4 heads the launcher planned 3 and, forced to sm90, found no kernel)
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float32", lens, lens, heads=16, heads_k=2,
