@@ -363,17 +363,19 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
     2^8 (base 2): keys grow along the sequence in the queries' direction, so the softmax
     tried against the running max as it stands (fwd_sm90.cuh, softmax_at_running_max)
     must see that an exponent may pass its bound and compute the tile's S again. Several
-    key tiles a sequence; "long" rows (past the walks' reach: 2100 at fp8, else 1300) take
-    the one block an item kernels at d128 / d256 and fp8 and d64's three warpgroups,
-    "short" ones (1000) the walks and d64's two (causal); walk3 the walks everywhere.
-    Against the float64 reference."""
+    key tiles a sequence; "long" rows (2100 at fp8 and d64, else 1300: past the walks'
+    reach) take the one block an item kernels at d128 / d256 and fp8 and d64's three
+    warpgroups, "short" ones (1000) the walks and d64's two (causal); walk3 the walks
+    everywhere. Against the float64 reference."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
     fp8 = dtype == "float8_e4m3fn"
-    lens = {"long": [2100 if fp8 else 1300, 200], "short": [1000, 700]}[rows]
-    # 16 heads: enough blocks that no split of the keys is planned (the sm90 family takes
-    # no split; with 4 heads the launcher planned 3 and, forced to sm90, found no kernel)
+    # 16 heads and these rows: enough blocks that no split of the keys is planned (the
+    # sm90 family takes none; with 4 heads, or 1300 rows at d64, the launcher planned one
+    # and, forced to sm90, found no kernel)
+    long_rows = 2100 if fp8 or head_dim == 64 else 1300
+    lens = {"long": [long_rows, 200], "short": [1000, 700]}[rows]
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float32", lens, lens, heads=16, heads_k=2,
                                            head_dim=head_dim)
     # q near all-ones, k near c * rise: scores rise by ~12 (base 2) a key tile (128 keys,
