@@ -244,6 +244,27 @@ struct TileSoftmax {
     *hi -= 2 * t;
   }
 
+  // Row (mt, hf)'s exponentials exp2(x exp_mul - m) in place, and their sum; kMask: keys
+  // outside [lo, hi) (visible) are 0.
+  template <bool kMask, int kMT, int kNT>
+  __device__ __forceinline__ float row_exps(float (&sc)[kMT][kNT][4], int mt, int hf, float m,
+                                            int lo = 0, int hi = 0) const {
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = sc[mt][nt][2 * hf + e];
+        x = fast_exp2(fmaf(x, exp_mul, -m));
+        if constexpr (kMask) {
+          if (nt * 8 + e < lo || nt * 8 + e >= hi) x = 0.f;
+        }
+        sum += x;
+      }
+    }
+    return sum;
+  }
+
   // The exponentials against the running max m as it stands, without a max pass: where
   // every exponent stays within 2^kMaxSlack the tile would have kept m anyway (run_with),
   // and the result is the same bit for bit. Returns false where a lane's row sum exceeds
@@ -262,21 +283,8 @@ struct TileSoftmax {
       for (int hf = 0; hf < 2; ++hf) {
         int lo = 0, hi = kBlockN;
         if constexpr (kMask) visible<kBlockN>(mt, hf, &lo, &hi);
-        float s = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = sc[mt][nt][2 * hf + e];
-            x = fast_exp2(fmaf(x, exp_mul, -m[mt][hf]));
-            if constexpr (kMask) {
-              if (nt * 8 + e < lo || nt * 8 + e >= hi) x = 0.f;
-            }
-            s += x;
-          }
-        }
-        sum[mt][hf] = s;
-        ok &= s <= kMaxSlackExp;
+        sum[mt][hf] = row_exps<kMask>(sc, mt, hf, m[mt][hf], lo, hi);
+        ok &= sum[mt][hf] <= kMaxSlackExp;
       }
     }
     return ok;
@@ -434,17 +442,7 @@ struct TileSoftmax {
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = sc[mt][nt][2 * hf + e];
-            x = fast_exp2(fmaf(x, exp_mul, -m_use[mt][hf]));
-            sum += x;
-          }
-        }
-        l[mt][hf] += sum;
+        l[mt][hf] += row_exps<false>(sc, mt, hf, m_use[mt][hf]);
       }
     }
   }
