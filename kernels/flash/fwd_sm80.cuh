@@ -218,7 +218,7 @@ __device__ __forceinline__ void load_tile(T* tile, const VecSrc& vec_src,
 // scores first (prescale) and exp_mul is 1. ALiBi is subtracted in the same units.
 // The running max moves only past kMaxSlack (base 2; TileSoftmax::run_with).
 constexpr float kMaxSlack = 8.f;
-constexpr float kMaxSlackExp = 256.f;  // 2^kMaxSlack
+constexpr float kMaxSlackExp = float(1 << int(kMaxSlack));
 
 struct TileSoftmax {
   int64_t pos0;        // key position of the lane's first row (m-tile 0, hf 0)

@@ -128,6 +128,10 @@ constexpr int kTurnBarrier = 6;
 // kVoteBarrier + wg each consumer warpgroup's vote on its softmax at the running max
 // (fwd_sm90.cuh, softmax_at_running_max).
 constexpr int kVoteBarrier = 9;
+static_assert(2 + 3 <= kProducerBarrier && kTurnBarrier + 2 <= kVoteBarrier &&
+                  kVoteBarrier + 3 <= 16,
+              "named barriers: epilogues, producer, turns and votes (up to three consumers) "
+              "apart, within sm_90's 16");
 // fp8: the producer warpgroup's warps 1 .. 3 transpose V tiles; warp 0's thread 0 copies.
 constexpr int kTransposeWarps = 3;
 
