@@ -10,8 +10,8 @@
 // block an item instances ran 3-6 % slower at d128 and d256 (H100, the same run; ptxas
 // kept the item's coordinates out of uniform registers and scheduled the tile loop
 // differently), so those keep their code unchanged and this one carries the walk.
-// The launcher (launch.cc, sm90_tiles.h walks) takes it at d64 and at d128 up to 1024
-// query rows, not paged.
+// The launcher (launch.cc, sm90_tiles.h walks) takes it at d64 and d128 (fp8 up to 2048
+// query rows), not paged.
 #pragma once
 #include "flash/fwd_sm90.cuh"
 
@@ -43,11 +43,17 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   constexpr bool paged = false;  // the walk is not built for paged K/V
 
   // Item `item` (Args) located in `blk`: true where it has rows to compute. `threads` of
-  // the block's threads, this one `thread`, share the padding rows' item (0: none).
+  // the block's threads, this one `thread`, share the padding rows' item (0: none). The
+  // last (head, sequence) pairs' items, enough for two a block, come longest first across
+  // the pairs (sequence.cuh, longest_first_tail): in plain order the last claims were the
+  // last heads' long row blocks under a causal mask, and a list-scheduling model of the
+  // bench's causal rows (tools/tail_model.py) finished 6-7 % past the work's even spread
+  // at S = 2048 .. 8192, 1 % with the remap.
   auto locate = [&](int item, FwdBlock& blk, int thread, int threads) {
-    const int x = item % a.row_blocks, hb = item / a.row_blocks;
-    return blk.at<Out>(p, kBlockM, a.row_blocks, x, hb % p.num_heads, hb / p.num_heads, thread,
-                       threads);
+    int x = item % a.row_blocks, head = item / a.row_blocks % p.num_heads,
+        seq = item / a.row_blocks / p.num_heads;
+    longest_first_tail(p.batch, a.row_blocks, p.num_heads, int(gridDim.x), &x, &head, &seq);
+    return blk.at<Out>(p, kBlockM, a.row_blocks, x, head, seq, thread, threads);
   };
   // The padding rows' items (sequence `batch`, one a head: their consumers zero the rows
   // past the last real sequence), which have no rows to compute but are walked.

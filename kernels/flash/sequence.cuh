@@ -37,13 +37,14 @@ __device__ __forceinline__ int real_batch(int batch, const int32_t* batch_used) 
 // causal rows (tools/tail_model.py) puts the grid order's finish 3-7 % (dk/dv) / 6-14 %
 // (forward) above the work over 132 SMs, this order's 1-4 %; measured on an H100:
 // causal fwd+bwd +1-4 %, forward d256 S = 4096 +9-13 %, d128 +2-6 %, but d256 S = 512 (4
-// row blocks a head) -3 %. Remaps (x, y, z) of such a block; the padding blocks stay.
+// row blocks a head) -3 %. Remaps (x, y, z) of such a block of `blocks` x `heads` x
+// (batch + 1) run `sms` at a time; the padding blocks stay. The persistent forward
+// (fwd_sm90_walk.cuh) remaps its items so, its blocks claiming them in order.
 // 32-bit: the launchers keep these grids under 2^31 blocks.
-__device__ __forceinline__ void longest_first_tail(int batch, int* x, int* y, int* z) {
-  const int blocks = gridDim.x, heads = gridDim.y, pairs = heads * batch;
-  unsigned sms;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  const int tail_pairs = min(pairs, (2 * int(sms) + blocks - 1) / blocks);
+__device__ __forceinline__ void longest_first_tail(int batch, int blocks, int heads, int sms,
+                                                   int* x, int* y, int* z) {
+  const int pairs = heads * batch;
+  const int tail_pairs = min(pairs, (2 * sms + blocks - 1) / blocks);
   const int tail0 = (pairs - tail_pairs) * blocks;
   const int linear = *x + blocks * (*y + heads * *z);
   if (linear >= tail0 && linear < pairs * blocks) {
@@ -52,6 +53,12 @@ __device__ __forceinline__ void longest_first_tail(int batch, int* x, int* y, in
     *y = pair % heads;
     *z = pair / heads;
   }
+}
+// The same for the grid itself (one block an SM).
+__device__ __forceinline__ void longest_first_tail(int batch, int* x, int* y, int* z) {
+  unsigned sms;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  longest_first_tail(batch, int(gridDim.x), int(gridDim.y), int(sms), x, y, z);
 }
 
 __device__ __forceinline__ Sequence sequence(int b, const int32_t* cu_q, const int32_t* cu_k,
