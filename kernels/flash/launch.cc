@@ -143,12 +143,13 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   }
   // The persistent walk (ops ..._walk) where it pays (sm90_tiles.h, walks); a block count
   // in XLA_ATTN_SM90_BLOCKS takes it wherever there is one (tests: a few blocks walking
-  // many items each).
+  // many items each), 0 never (tests: the one block an item kernels the walk displaced).
   const bool counter =
       params.workspace && size_t(params.workspace_bytes) >= flash_sm90::kItemCounterBytes;
   const char* blocks_env = std::getenv("XLA_ATTN_SM90_BLOCKS");
-  const int64_t forced_blocks = blocks_env ? std::max<int64_t>(std::atoll(blocks_env), 0) : 0;
-  const bool walk = !paged && flash_sm90::has_walk(d) &&
+  const int64_t forced_blocks =
+      blocks_env && *blocks_env ? std::max<int64_t>(std::atoll(blocks_env), 0) : -1;
+  const bool walk = !paged && flash_sm90::has_walk(d) && forced_blocks != 0 &&
                     (forced_blocks > 0 || (flash_sm90::walks(d, params.max_seqlen_q, eb) &&
                                            (counter || params.window_right < 0)));
   const char* walk_suffix = walk ? "_walk" : "";

@@ -195,12 +195,15 @@ static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 &&
 // With O's bulk stores and 3 V stages (2026-11-25, H100, same run, walk / one block an
 // item): bf16 d128 S = 1024 1.02x, 2048 0.93 / 0.96x (full / causal), 4096 0.96 /
 // 0.94x; fp8 d128 S = 2048 1.06 / 1.09x, 4096 causal 1.02x. So fp8 walks to 2048 rows.
-constexpr int kWalkMaxRowsD128 = 1024;
+// With the softmax at the running max and the walk's items longest first at the tail
+// (fwd_sm90_walk.cuh, locate; 2026-11-26, H200, same run, walk / one block an item):
+// bf16 d128 full S = 2048 .. 16384 1.04 - 1.06x, causal S = 2048 / 4096 / 8192 / 16384
+// 1.10 / 1.01 / 1.04 / 1.03x; fp8 causal S = 4096 1.01x, 16384 0.98x. So 16-bit d128
+// walks at every length, fp8 to 2048 rows.
 constexpr int kWalkMaxRowsFp8 = 2048;
 XLA_ATTN_HOST_DEVICE constexpr bool has_walk(int d) { return d <= 128; }
 XLA_ATTN_HOST_DEVICE constexpr bool walks(int d, int max_seqlen_q, int eb = 2) {
-  return d == 64 ||
-         (d == 128 && max_seqlen_q <= (eb == 1 ? kWalkMaxRowsFp8 : kWalkMaxRowsD128));
+  return d == 64 || (d == 128 && (eb == 2 || max_seqlen_q <= kWalkMaxRowsFp8));
 }
 
 // Split-KV is not this family's: where the grid cannot fill the GPU by itself (one

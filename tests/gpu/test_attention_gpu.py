@@ -119,14 +119,16 @@ def test_flash_forward_long(family, gpu_device, rng, mk, dtype, head_dim, featur
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
 
 
-@pytest.fixture(params=["sms", "walk3"])
+@pytest.fixture(params=["sms", "walk3", "items"])
 def sm90_grid(request, monkeypatch):
-    """The Hopper forward's persistent grid: one block an SM (these shapes have fewer row
-    blocks than an H100 has SMs: one each), or 3 blocks (XLA_ATTN_SM90_BLOCKS), each
-    walking many row blocks of several sequences and heads, so that Q buffers, stage
-    rings and ping-pong turns carry from one to the next."""
-    if request.param == "walk3":
-        monkeypatch.setenv("XLA_ATTN_SM90_BLOCKS", "3")
+    """The Hopper forward's grid: as the launcher plans it (the persistent walk at d64
+    and d128 with one block an SM: these shapes have fewer row blocks than an H100 has
+    SMs, one each), 3 blocks (XLA_ATTN_SM90_BLOCKS), each walking many row blocks of
+    several sequences and heads, so that Q buffers, stage rings and ping-pong turns carry
+    from one to the next, or one block an item (XLA_ATTN_SM90_BLOCKS=0: the kernels a
+    call without a workspace takes, and d256's)."""
+    if request.param != "sms":
+        monkeypatch.setenv("XLA_ATTN_SM90_BLOCKS", "3" if request.param == "walk3" else "0")
     return request.param
 
 
@@ -363,10 +365,10 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
     2^8 (base 2): keys grow along the sequence in the queries' direction, so the softmax
     tried against the running max as it stands (fwd_sm90.cuh, softmax_at_running_max)
     must see that an exponent may pass its bound and compute the tile's S again. Several
-    key tiles a sequence; "long" rows (2100 at fp8 and d64, else 1300: past the walks'
-    reach) take the one block an item kernels at d128 / d256 and fp8 and d64's three
-    warpgroups, "short" ones (1000) the walks and d64's two (causal); walk3 the walks
-    everywhere. Against the float64 reference."""
+    key tiles a sequence; "long" rows (2100 at fp8 and d64, else 1300) take fp8's one
+    block an item kernel (past its walk's 2048 rows) and d64's three warpgroups, "short"
+    ones (1000) fp8's walk and d64's two (causal); walk3 the walks everywhere, items the
+    one block an item kernels (d256 takes those always). Against the float64 reference."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
