@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where a grid of uneven blocks finishes: the list-scheduling model behind the sm90
 kernels' longest-first tail (flash/sequence.cuh longest_first_tail, taken by the dk/dv
-kernel and the forward that does not walk).
+kernel, the forward's one block an item grid and its persistent walk, whose blocks claim
+items in the same order as the hardware starts a grid's blocks: the "fwd" rows).
 
   python3 tools/tail_model.py [--sms 132]
 
