@@ -158,6 +158,31 @@ __device__ __forceinline__ void scale_o_rows(float (&o)[1][kDT][4], const float 
   }
 }
 
+// P (a tile's S after its softmax) rounded into P V's A fragments (pa). Only once the
+// previous P V has completed: a register an in-flight product reads may not be written
+// (ptxas serializes every wgmma of the kernel otherwise, C7513).
+// fp8: k-step kk's 32 keys are n8 tiles 4kk .. 4kk + 3; byte j of a register holds the
+// pair element (j & 1) of tile 4kk + (j >> 1) (+2 for registers 2, 3), the order
+// transpose_v_e4m3 gives V^T's keys.
+template <typename T, int kPSteps, int kNT>
+__device__ __forceinline__ void round_p(uint32_t (&pa)[kPSteps][4],
+                                        const float (&sc)[1][kNT][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kPSteps; ++kk) {
+    if constexpr (sizeof(T) == 1) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float(&lo)[4] = sc[0][4 * kk + 2 * (r / 2)];
+        const float(&hi)[4] = sc[0][4 * kk + 2 * (r / 2) + 1];
+        const int e = 2 * (r % 2);  // row g (elements 0, 1) or g + 8 (2, 3)
+        pa[kk][r] = sm80::pack4_e4m3(lo[e], lo[e + 1], hi[e], hi[e + 1]);
+      }
+    } else {
+      sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+    }
+  }
+}
+
 // softmax_of_landed_s's softmax_at_max for one consumer warpgroup (wg) on a tile past its
 // item's first: the exponentials against the running max m (TileSoftmax::exps_at_max, `mask`:
 // the tile has masked keys), agreed on by the warpgroup (a vote on kVoteBarrier + wg):
@@ -583,28 +608,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
                                       (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
       }
     };
-    // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
-    // P V has completed: a register an in-flight product reads may not be written
-    // (ptxas serializes every wgmma of the kernel otherwise, C7513).
-    // fp8: k-step kk's 32 keys are n8 tiles 4kk .. 4kk + 3; byte j of a register holds
-    // the pair element (j & 1) of tile 4kk + (j >> 1) (+2 for registers 2, 3), the order
-    // transpose_v_e4m3 gives V^T's keys.
-    auto to_p = [&] {
-#pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk) {
-        if constexpr (kFp8) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const float(&lo)[4] = sc[0][4 * kk + 2 * (r / 2)];
-            const float(&hi)[4] = sc[0][4 * kk + 2 * (r / 2) + 1];
-            const int e = 2 * (r % 2);  // row g (elements 0, 1) or g + 8 (2, 3)
-            pa[kk][r] = sm80::pack4_e4m3(lo[e], lo[e + 1], hi[e], hi[e + 1]);
-          }
-        } else {
-          sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
-        }
-      }
-    };
+    // P rounded into P V's A fragments (round_p), once the previous P V has completed.
+    auto to_p = [&] { round_p<T>(pa, sc); };
 
     // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
     // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O

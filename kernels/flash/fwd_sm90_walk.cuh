@@ -464,28 +464,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
                                         (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
         }
       };
-      // P (sc after the softmax) rounded into P V's A fragments. Only once the previous
-      // P V has completed: a register an in-flight product reads may not be written
-      // (ptxas serializes every wgmma of the kernel otherwise, C7513).
-      // fp8: k-step kk's 32 keys are n8 tiles 4kk .. 4kk + 3; byte j of a register holds
-      // the pair element (j & 1) of tile 4kk + (j >> 1) (+2 for registers 2, 3), the order
-      // transpose_v_e4m3 gives V^T's keys.
-      auto to_p = [&] {
-  #pragma unroll
-        for (int kk = 0; kk < kPSteps; ++kk) {
-          if constexpr (kFp8) {
-  #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const float(&lo)[4] = sc[0][4 * kk + 2 * (r / 2)];
-              const float(&hi)[4] = sc[0][4 * kk + 2 * (r / 2) + 1];
-              const int e = 2 * (r % 2);  // row g (elements 0, 1) or g + 8 (2, 3)
-              pa[kk][r] = sm80::pack4_e4m3(lo[e], lo[e + 1], hi[e], hi[e + 1]);
-            }
-          } else {
-            sm80::accum_to_a<T>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
-          }
-        }
-      };
+      // P rounded into P V's A fragments (round_p), once the previous P V has completed.
+      auto to_p = [&] { round_p<T>(pa, sc); };
 
       auto rescale_o = [&] {  // O's deferred rescale (softmax), once no product writes O
         if (rescale) scale_o_rows(o, corr);
