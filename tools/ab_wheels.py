@@ -10,7 +10,8 @@ A wheel argument is a .whl file or a folder holding one; a folder may hold an en
 whose variables its process gets (e.g. {"XLA_ATTN_SM90_BLOCKS": "132"} to time the same
 wheel with the Hopper forward's walk forced). Shapes follow tools/bench.py's dense rows
 (--tokens = batch x seqlen, 16 K; H x D = 2048); a config is dtype:head_dim:seqlen[:causal], dtype bf16 or
-fp8 (e4m3 q, k, v through flash_attn_varlen, bf16 out). Prints TFLOP/s (best of the
+fp8 (e4m3 q, k, v through flash_attn_varlen, bf16 out); seqlen `varlen` is bench.py's varlen
+row (16 causal sequences of random lengths, --tokens in all, through flash_attn_varlen). Prints TFLOP/s (best of the
 rounds) and, per wheel, the relative error of its output (fwd_bwd: of its worst gradient of
 q, k and v) against jax's own attention in f32 on one batch and two heads (the other
 batches and heads do not enter their gradients), then each wheel's ratio to the first. A
@@ -35,20 +36,24 @@ CHILD = r'''
 import json, sys
 sys.path.insert(0, TOOLS)
 import jax, jax.numpy as jnp
-from bench import dense_flops, measure
+from bench import dense_flops, measure, varlen_flops, varlen_lengths
 from xla_attn import jax as xj
 res = {}
 for dt, d, s, causal in CONFIGS:
-    b, h = TOKENS // s, 2048 // d
+    h = 2048 // d
+    # s = 0: the varlen row, its sequences one batch row (1, total, H, D) of the packed rows
+    lens = [s] * (TOKENS // s) if s else varlen_lengths(16, TOKENS // 16)
+    b, rows = (len(lens), s) if s else (1, sum(lens))
     ks = jax.random.split(jax.random.fold_in(jax.random.key(1), d * s), 3)
     # values e4m3 holds exactly, so that the bf16 and fp8 rows compute the same numbers
-    q, k, v = (jax.random.normal(x, (b, s, h, d), jnp.float32).astype(jnp.float8_e4m3fn)
+    q, k, v = (jax.random.normal(x, (b, rows, h, d), jnp.float32).astype(jnp.float8_e4m3fn)
                .astype(jnp.bfloat16) for x in ks)
-    if dt == "fp8":
-        cu = jnp.arange(0, b * s + 1, s, dtype=jnp.int32)
+    if dt == "fp8" or not s:
+        cu = jnp.asarray([0] + [sum(lens[:i + 1]) for i in range(len(lens))], jnp.int32)
+        kind = jnp.float8_e4m3fn if dt == "fp8" else jnp.bfloat16
         f = lambda q, k, v: xj.flash_attn_varlen(
-            *(x.reshape(b * s, h, d).astype(jnp.float8_e4m3fn) for x in (q, k, v)), cu, cu, s, s,
-            causal=causal).reshape(b, s, h, d)
+            *(x.reshape(b * rows, h, d).astype(kind) for x in (q, k, v)), cu, cu, max(lens),
+            max(lens), causal=causal).reshape(b, rows, h, d)
     else:
         f = lambda q, k, v: xj.flash_attn(q, k, v, causal=causal)
     if OP == "fwd":
@@ -56,7 +61,8 @@ for dt, d, s, causal in CONFIGS:
     else:
         fn = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
     out = jax.block_until_ready(fn(q, k, v))
-    qr, kr, vr = (x[:1, :, :2].astype(jnp.float32) for x in (q, k, v))
+    # batch row 0 (varlen: sequence 0), heads 0 and 1
+    qr, kr, vr = (x[:1, :lens[0], :2].astype(jnp.float32) for x in (q, k, v))
     ref_f = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                          implementation="xla")
     if OP == "fwd":
@@ -64,28 +70,34 @@ for dt, d, s, causal in CONFIGS:
     else:
         got = out
         want = jax.grad(lambda q, k, v: ref_f(q, k, v).sum(), argnums=(0, 1, 2))(qr, kr, vr)
-    err = max(float(jnp.linalg.norm(g[:1, :, :2].astype(jnp.float32) - w) / jnp.linalg.norm(w))
-              for g, w in zip(got, want))
+    err = max(float(jnp.linalg.norm(g[:1, :lens[0], :2].astype(jnp.float32) - w)
+                    / jnp.linalg.norm(w)) for g, w in zip(got, want))
     t = measure(lambda i: fn(q, k, v), jax.block_until_ready, budget_s=0.4, max_samples=7)["s"]
-    res[f"{dt} d{d} S{s} {'causal' if causal else 'full'}"] = (
-        dense_flops(b, s, h, d, causal, OP == "fwd_bwd") / t / 1e12, err)
+    flops = varlen_flops(lens, h, d, causal, OP == "fwd_bwd")
+    res[f"{dt} d{d} {f'S{s}' if s else 'varlen'} {'causal' if causal else 'full'}"] = (
+        flops / t / 1e12, err)
 print("RESULT " + json.dumps(res))
 '''
 
 
 def parse_configs(text: str, tokens: int = 16384) -> list[tuple[str, int, int, bool]]:
-    """'bf16:128:512:causal,fp8:128:8192' -> [("bf16", 128, 512, True), ...]."""
+    """'bf16:128:512:causal,fp8:128:8192,bf16:128:varlen' -> [("bf16", 128, 512, True),
+    ..., ("bf16", 128, 0, True)] (seqlen 0: the varlen row, causal)."""
     configs = []
     for item in filter(None, (x.strip() for x in text.split(","))):
         parts = item.split(":")
         if len(parts) not in (3, 4) or parts[0] not in ("bf16", "fp8") or (
                 len(parts) == 4 and parts[3] != "causal"):
-            raise ValueError(f"config {item!r}: expected dtype:head_dim:seqlen[:causal], "
-                             "dtype bf16 or fp8")
-        d, s = int(parts[1]), int(parts[2])
-        if tokens % s or 2048 % d:
-            raise ValueError(f"config {item!r}: seqlen must divide {tokens}, head_dim 2048")
-        configs.append((parts[0], d, s, len(parts) == 4))
+            raise ValueError(f"config {item!r}: expected dtype:head_dim:seqlen[:causal] "
+                             "(seqlen a number or varlen), dtype bf16 or fp8")
+        if not parts[1].isdigit() or not (parts[2].isdigit() or parts[2] == "varlen"):
+            raise ValueError(f"config {item!r}: head_dim and seqlen must be numbers "
+                             "(seqlen: or varlen)")
+        d, s = int(parts[1]), 0 if parts[2] == "varlen" else int(parts[2])
+        if (s and tokens % s) or 2048 % d or (not s and tokens % 16):
+            raise ValueError(f"config {item!r}: seqlen must divide {tokens} (varlen: 16 "
+                             "must), head_dim 2048")
+        configs.append((parts[0], d, s, len(parts) == 4 or not s))
     return configs
 
 
