@@ -401,6 +401,33 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
     ref.assert_attention_close(out, exp_out, "fp8_p" if fp8 else dtype, lse, exp_lse)
 
 
+@pytest.mark.parametrize("offset", [0, 64, -64, 21])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flash_forward_sm90_causal_diagonals(gpu_device, sm90_grid, rng, mk, monkeypatch,
+                                            head_dim, offset):
+    """The Hopper forward on causal rows whose last key tile a consumer warpgroup sees
+    only part of: Lk = Lq (a block's first 64 rows see the diagonal tile's first half),
+    Lk = Lq + 64 (one warpgroup sees none of its block's last tile, the other half of
+    it), Lk = Lq - 64 (a sequence's first rows see no key), an odd offset; sequences
+    ending inside a tile's first and second halves, one of a single tile. Against the
+    float64 reference, lse included."""
+    if not _is_sm90(gpu_device):
+        pytest.skip("the sm90 family runs on sm_90 only")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
+    lens_q = [256, 300, 64, 1000, 129]
+    lens_k = [max(1, n + offset) for n in lens_q]
+    # 16 heads: enough blocks that no split of the keys is planned (the sm90 family
+    # takes none; see test_flash_forward_sm90_rising_scores)
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "bfloat16", lens_q, lens_k, heads=16,
+                                           heads_k=4, head_dim=head_dim)
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, causal=True)
+    out, lse = jax.jit(lambda *a: xj.flash_attn_varlen(
+        *a, max(lens_q), max(lens_k), causal=True, return_softmax_lse=True))(
+        *_on(gpu_device, q, k, v, cu_q, cu_k))
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    ref.assert_attention_close(out, exp_out, "bfloat16", lse, exp_lse)
+
+
 _FP8_MMA = dict(families="sm80", needs=_has_fp8_mma,
                 why="the sm80 family's fp8 forward needs sm_89+")
 
