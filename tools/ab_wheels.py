@@ -9,11 +9,12 @@ between the wheels so that clock drift falls on all of them alike.
 A wheel argument is a .whl file or a folder holding one; a folder may hold an env.json
 whose variables its process gets (e.g. {"XLA_ATTN_SM90_BLOCKS": "132"} to time the same
 wheel with the Hopper forward's walk forced). Shapes follow tools/bench.py's dense rows
-(--tokens = batch x seqlen, 16 K; H x D = 2048); a config is dtype:head_dim:seqlen[:causal], dtype bf16 or
-fp8 (e4m3 q, k, v through flash_attn_varlen, bf16 out); seqlen `varlen` is bench.py's varlen
-row (16 causal sequences of random lengths, --tokens in all, through flash_attn_varlen). Prints TFLOP/s (best of the
-rounds) and, per wheel, the relative error of its output (fwd_bwd: of its worst gradient of
-q, k and v) against jax's own attention in f32 on one batch and two heads (the other
+(--tokens = batch x seqlen, 16 K; H x D = 2048); a config is
+dtype:head_dim:seqlen[:causal], dtype bf16 or fp8 (e4m3 q, k, v through flash_attn_varlen,
+bf16 out); seqlen `varlen` is bench.py's varlen row (VARLEN_SEQS causal sequences of random
+lengths, --tokens in all, through flash_attn_varlen). Prints TFLOP/s (best of the rounds)
+and, per wheel, the relative error of its output (fwd_bwd: of its worst gradient of q, k
+and v) against jax's own attention in f32 on one batch and two heads (the other
 batches and heads do not enter their gradients), then each wheel's ratio to the first. A
 comparison tool, not a benchmark of record: tools/bench.py is (peers, ceilings, environment).
 """
@@ -27,29 +28,30 @@ import subprocess
 import sys
 import tempfile
 
+VARLEN_SEQS = 16  # the varlen row's sequences, as tools/bench.py's (sizes.varlen["n"])
 DEFAULT_CONFIGS = ("bf16:64:512:causal,bf16:64:2048,bf16:128:512,bf16:128:512:causal,"
                    "bf16:128:4096,bf16:128:16384:causal,bf16:256:4096,fp8:128:512,fp8:128:8192")
 
-# Runs in the wheel's process: CONFIGS, OP, TOKENS and TOOLS (this folder, for
+# Runs in the wheel's process: CONFIGS, OP, TOKENS, VARLEN_SEQS and TOOLS (this folder, for
 # tools/bench.py's timing and FLOP count) are prepended.
 CHILD = r'''
 import json, sys
 sys.path.insert(0, TOOLS)
 import jax, jax.numpy as jnp
-from bench import dense_flops, measure, varlen_flops, varlen_lengths
+from bench import measure, varlen_flops, varlen_lengths
 from xla_attn import jax as xj
 res = {}
 for dt, d, s, causal in CONFIGS:
     h = 2048 // d
     # s = 0: the varlen row, its sequences one batch row (1, total, H, D) of the packed rows
-    lens = [s] * (TOKENS // s) if s else varlen_lengths(16, TOKENS // 16)
+    lens = [s] * (TOKENS // s) if s else varlen_lengths(VARLEN_SEQS, TOKENS // VARLEN_SEQS)
     b, rows = (len(lens), s) if s else (1, sum(lens))
     ks = jax.random.split(jax.random.fold_in(jax.random.key(1), d * s), 3)
     # values e4m3 holds exactly, so that the bf16 and fp8 rows compute the same numbers
     q, k, v = (jax.random.normal(x, (b, rows, h, d), jnp.float32).astype(jnp.float8_e4m3fn)
                .astype(jnp.bfloat16) for x in ks)
     if dt == "fp8" or not s:
-        cu = jnp.asarray([0] + [sum(lens[:i + 1]) for i in range(len(lens))], jnp.int32)
+        cu = jnp.cumsum(jnp.asarray([0] + lens, jnp.int32))
         kind = jnp.float8_e4m3fn if dt == "fp8" else jnp.bfloat16
         f = lambda q, k, v: xj.flash_attn_varlen(
             *(x.reshape(b * rows, h, d).astype(kind) for x in (q, k, v)), cu, cu, max(lens),
@@ -94,9 +96,9 @@ def parse_configs(text: str, tokens: int = 16384) -> list[tuple[str, int, int, b
             raise ValueError(f"config {item!r}: head_dim and seqlen must be numbers "
                              "(seqlen: or varlen)")
         d, s = int(parts[1]), 0 if parts[2] == "varlen" else int(parts[2])
-        if (s and tokens % s) or 2048 % d or (not s and tokens % 16):
-            raise ValueError(f"config {item!r}: seqlen must divide {tokens} (varlen: 16 "
-                             "must), head_dim 2048")
+        if tokens % (s or VARLEN_SEQS) or 2048 % d:
+            raise ValueError(f"config {item!r}: seqlen must divide {tokens} (varlen: "
+                             f"{VARLEN_SEQS} must), head_dim 2048")
         configs.append((parts[0], d, s, len(parts) == 4 or not s))
     return configs
 
@@ -117,6 +119,7 @@ def wheel_file(arg: str) -> tuple[pathlib.Path, dict[str, str]]:
 def child_code(configs, op: str, tokens: int) -> str:
     """The program a wheel's process runs (CHILD with its inputs prepended)."""
     return (f"CONFIGS = {configs!r}\nOP = {op!r}\nTOKENS = {tokens}\n"
+            f"VARLEN_SEQS = {VARLEN_SEQS}\n"
             f"TOOLS = {str(pathlib.Path(__file__).resolve().parent)!r}\n" + CHILD)
 
 
