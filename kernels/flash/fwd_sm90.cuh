@@ -183,6 +183,59 @@ __device__ __forceinline__ void round_p(uint32_t (&pa)[kPSteps][4],
   }
 }
 
+// A consumer thread's epilogue: its rows (block row r0 = its warpgroup's first + warp *
+// 16 + g, and r0 + 8) of O normalised and rounded, staged in the warpgroup's own rows of
+// the Q buffer sQ (its last S product has completed; the other warpgroups read only
+// their own rows) in the tile layout for write_o_rows; lse per row. fp8: O is scaled by
+// v_descale and, bf16 being wider than the Q rows it would be staged in, stored from
+// registers (pairs of columns).
+template <typename T, int D, int kBlockM>
+__device__ __forceinline__ void finish_rows(const xla_attn_flash_fwd_params& p,
+                                            const float (&o)[1][D / 8][4], const float (&m)[1][2],
+                                            const float (&l)[1][2], uint32_t sQ, int row0,
+                                            int warp, int g, int t, int m0, const Sequence& s,
+                                            int h, int hd) {
+  constexpr bool kFp8 = sizeof(T) == 1;
+  using Out = Select<kFp8, __nv_bfloat16, T>;
+  constexpr int kDT = D / 8;
+  constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;
+  const int64_t q_stride = int64_t(p.num_heads) * hd;
+  const float out_scale = descale<T>(p.v_descale);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float sum = l[0][hf];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    // MUFU reciprocal and logarithm (~1 ulp), as the sm80 kernel's epilogue.
+    const float inv = sum > 0.f ? __fdividef(out_scale, sum) : 0.f;
+    const int r = row0 + warp * 16 + g + 8 * hf, i = m0 + r;
+    if constexpr (kFp8) {
+      if (i < s.num_q) {
+        Out* row = static_cast<Out*>(p.out) + (s.q_start + i) * q_stride + int64_t(h) * hd;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          const int col = 8 * dt + 2 * t;
+          if (col < hd) {
+            *reinterpret_cast<uint32_t*>(row + col) =
+                sm80::pack2<Out>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDT && !kFp8; ++dt) {
+      const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, dt) + 4u * uint32_t(t);
+      asm volatile("st.shared.u32 [%0], %1;" ::"r"(at),
+                   "r"(sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv))
+                   : "memory");
+    }
+    if (t == 0 && i < s.num_q && p.softmax_lse) {
+      p.softmax_lse[int64_t(h) * p.total_q + s.q_start + i] =
+          sum > 0.f ? m[0][hf] * kLn2 + __logf(sum) : XLA_ATTN_INF;
+    }
+  }
+}
+
 // softmax_of_landed_s's softmax_at_max for one consumer warpgroup (wg) on a tile past its
 // item's first: the exponentials against the running max m (TileSoftmax::exps_at_max, `mask`:
 // the tile has masked keys), agreed on by the warpgroup (a vote on kVoteBarrier + wg):
@@ -685,46 +738,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       }
     }
 
-    // Epilogue: O normalised and rounded, staged in this warpgroup's own rows of sQ
-    // (its last S product has completed; the other warpgroup reads only its own rows)
-    // in the tile layout, then written out (write_o_rows); lse per row.
-    const int64_t q_stride = int64_t(p.num_heads) * hd;
-    // fp8: O is scaled by v_descale and, bf16 being wider than the Q rows it would be
-    // staged in, stored from registers (pairs of columns).
-    const float out_scale = descale<T>(p.v_descale);
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float sum = l[0][hf];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      // MUFU reciprocal and logarithm (~1 ulp), as the sm80 kernel's epilogue.
-      const float inv = sum > 0.f ? __fdividef(out_scale, sum) : 0.f;
-      const int r = row0 + warp * 16 + g + 8 * hf, i = m0 + r;
-      if constexpr (kFp8) {
-        if (i < s.num_q) {
-          Out* row = static_cast<Out*>(p.out) + (s.q_start + i) * q_stride + int64_t(h) * hd;
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-            const int col = 8 * dt + 2 * t;
-            if (col < hd) {
-              *reinterpret_cast<uint32_t*>(row + col) =
-                  sm80::pack2<Out>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv);
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int dt = 0; dt < kDT && !kFp8; ++dt) {
-        const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, dt) + 4u * uint32_t(t);
-        asm volatile("st.shared.u32 [%0], %1;" ::"r"(at),
-                     "r"(sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv))
-                     : "memory");
-      }
-      if (t == 0 && i < s.num_q && p.softmax_lse) {
-        p.softmax_lse[int64_t(h) * p.total_q + s.q_start + i] =
-            sum > 0.f ? m[0][hf] * kLn2 + __logf(sum) : XLA_ATTN_INF;
-      }
-    }
+    // Epilogue (finish_rows), then O written out (write_o_rows).
+    finish_rows<T, D, kBlockM>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
     if constexpr (!kFp8) write_o_rows<T, D, kBlockM>(a, sQ, row0, m0, s, h, hd, ct % 128, wg);
   }
 }
