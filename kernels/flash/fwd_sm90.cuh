@@ -275,6 +275,24 @@ __device__ __forceinline__ void softmax_of_landed_s(int j, float (&s)[kS], Issue
   if (at_max <= 0) softmax(j);
 }
 
+// Of an item's `tiles` (kBlockN keys each from key n_lo), those up to the last that holds
+// a key some row of a consumer warpgroup sees (its 64 rows from sequence row first_row,
+// those below s.num_q). The tiles past them are a causal or windowed block's last tiles,
+// which only the block's later rows see: a warpgroup that does not take turns with
+// another (ping-pong) waits for them and releases them without computing (pass_tile).
+// With 192-row blocks over 128-key tiles (d64 past 1024 causal rows) a causal S = 512 /
+// 1024 / 2048 / 4096 / 8192 has 26 / 25 / 10 / 8 / 3 % fewer warpgroup tiles so; with
+// 128-row blocks and Lq = Lk none (every warpgroup sees some key of the diagonal tile).
+template <int kBlockN>
+__device__ __forceinline__ int warpgroup_tiles(const Window& win, const Sequence& s,
+                                               int first_row, int n_lo, int tiles) {
+  const int last_row = min(first_row + 64, s.num_q) - 1;
+  if (last_row < first_row) return 0;  // no row of the warpgroup is the sequence's
+  int lo, hi;
+  win.key_range(first_row, last_row, s.offset, s.num_k, &lo, &hi);
+  return hi <= n_lo ? 0 : min(tiles, (hi - n_lo + kBlockN - 1) / kBlockN);
+}
+
 // A consumer warpgroup's tiles 0 .. tiles - 1 with its products one after the other
 // (sm90_tiles.h, overlaps_products): S_j issued and waited for, its softmax
 // (softmax_of_landed_s), O rescaled and P (p_ready(j); no product is writing O), then
@@ -686,6 +704,13 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     auto rescale_o = [&] {
       if (rescale) scale_o_rows(o, corr);
     };
+    // The tiles this warpgroup computes (warpgroup_tiles), then the rest passed: waited
+    // for and released, the last one's V tail zeroed with the other warpgroups (they meet
+    // there). Not with ping-pong (every tile takes turns) nor for fp8 (the walk's
+    // consumers spilled in their tile loop; fwd_sm90_walk.cuh).
+    constexpr bool kPassesTiles = !kPingPong && !kFp8;
+    const int wg_tiles =
+        kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles) : tiles;
     constexpr bool kOverlap = overlaps_products(kWgs, kEB);  // else tiles_in_turn
     if constexpr (!kOverlap) {
       if (tiles > 0) sm90::mbar_wait(q_full, 0u);
@@ -696,7 +721,10 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
           [&](int j) { zero_v_tail(j); issue_pv(j); },
           [&](int j) { release(kEmptyV, j % kPvRing); });
     } else {
-      if (tiles > 0) {
+      // Q is waited for where the warpgroup computes no tile too: its rows of the buffer
+      // stage its O.
+      if (kPassesTiles && wg_tiles == 0 && tiles > 0) sm90::mbar_wait(q_full, 0u);
+      if (wg_tiles > 0) {
         if (wg == 1) their_turn();
         const bool present = box_present(0);
         sm90::mbar_wait(q_full, 0u);
@@ -709,7 +737,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         softmax(0, present);  // O is still zero: nothing to rescale
         to_p();
       }
-      for (int j = 1; j < tiles; ++j) {
+      for (int j = 1; j < wg_tiles; ++j) {
         const bool present = box_present(j);
         zero_v_tail(j - 1);
         my_turn();
@@ -727,14 +755,23 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         rescale_o();
         to_p();
       }
-      if (tiles > 0) {
-        zero_v_tail(tiles - 1);
+      if (wg_tiles > 0) {
+        zero_v_tail(wg_tiles - 1);
         my_turn();
-        issue_pv(tiles - 1);
+        issue_pv(wg_tiles - 1);
         their_turn(true);
         sm90::wgmma_wait<0>();
         sm90::wgmma_hold(o_flat);
-        release(kEmptyV, (tiles - 1) % kPvRing);
+        release(kEmptyV, (wg_tiles - 1) % kPvRing);
+      }
+    }
+    if constexpr (kPassesTiles) {
+      for (int j = wg_tiles; j < tiles; ++j) {
+        zero_v_tail(j);
+        sm90::mbar_wait(bar(kFullK, j % kKRing), parity(j, kKRing));
+        release(kEmptyK, j % kKRing);
+        sm90::mbar_wait(bar(kFullV, j % kPvRing), parity(j, kVRing));
+        release(kEmptyV, j % kPvRing);
       }
     }
 

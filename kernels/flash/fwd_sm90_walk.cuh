@@ -490,6 +490,22 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       auto rescale_o = [&] {  // O's deferred rescale (softmax), once no product writes O
         if (rescale) scale_o_rows(o, corr);
       };
+      // The tiles this warpgroup computes (warpgroup_tiles), then the rest passed: waited
+      // for and released, the last one's V tail zeroed with the other warpgroups (they
+      // meet there). Not with ping-pong (every tile takes turns) nor in fp8's walk: its
+      // consumers (160 registers) spilled 220 bytes, 59 local loads and stores in the
+      // tile loop, computing the bound (84 with it handed over opaque).
+      constexpr bool kPassesTiles = !kPingPong && !kFp8;
+      const int wg_tiles =
+          kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles) : tiles;
+      auto pass_tile = [&](int j) {
+        zero_v_tail(j);
+        const int st = (g0 + j) % kKRing, sv = (g0 + j) % kPvRing;
+        sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
+        release(bar(kEmptyK, st));
+        sm90::mbar_wait(bar(kFullV, sv), parity(g0 + j, kVRing));  // 16-bit: kPassesTiles
+        release(bar(kEmptyV, sv));
+      };
       constexpr bool kOverlap = overlaps_products(kWgs, kEB);  // else tiles_in_turn
       if constexpr (!kOverlap) {
         tiles_in_turn(
@@ -499,7 +515,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
             [&](int) { rescale_o(); to_p(); }, [&](int j) { zero_v_tail(j); issue_pv(j); },
             [&](int j) { release(bar(kEmptyV, (g0 + j) % kPvRing)); });
       } else {
-        if (tiles > 0) {
+        if (wg_tiles > 0) {
           const bool present = box_present(0);
           my_turn();
           issue_s(0);
@@ -510,7 +526,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           softmax(0, present);  // O is still zero: nothing to rescale
           to_p();
         }
-        for (int j = 1; j < tiles; ++j) {
+        for (int j = 1; j < wg_tiles; ++j) {
           const bool present = box_present(j);
           zero_v_tail(j - 1);
           my_turn();
@@ -528,17 +544,19 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           rescale_o();
           to_p();
         }
-        if (tiles > 0) {
-          zero_v_tail(tiles - 1);
+        if (wg_tiles > 0) {
+          zero_v_tail(wg_tiles - 1);
           my_turn();
-          issue_pv(tiles - 1);
+          issue_pv(wg_tiles - 1);
           their_turn();
           sm90::wgmma_wait<0>();
           sm90::wgmma_hold(o_flat);
-          release(bar(kEmptyV, (g0 + tiles - 1) % kPvRing));
+          release(bar(kEmptyV, (g0 + wg_tiles - 1) % kPvRing));
         }
       }
-
+      if constexpr (kPassesTiles) {
+        for (int j = wg_tiles; j < tiles; ++j) pass_tile(j);
+      }
       // Epilogue (finish_rows), then O written out (write_o_rows).
       finish_rows<T, D, kBlockM>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
       if constexpr (!kFp8) write_o_rows<T, D, kBlockM>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
