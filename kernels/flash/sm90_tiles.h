@@ -21,9 +21,12 @@ constexpr int kBlockM = block_m(kConsumerWarpgroups);
 // (bf16, B x S = 16384, H = 32): full S = 512 ... 16384 +4 to +20 % (489 against 424
 // TFLOP/s at 16384), causal +1 to +11 % from S = 2048 on, but causal S = 512 / 1024 -15 /
 // -13 % (117 / 176 against 138 / 203: 192-row blocks carry more masked tiles and there
-// are fewer of them). So: three unless the mask has a right edge (causal is a window
-// with right = 0) and the longest sequence has at most 1024 queries.
-constexpr int kWideMaxMaskedRows = 1024;
+// are fewer of them). Since a warpgroup passes the tiles none of its rows sees
+// (fwd_sm90.cuh, warpgroup_tiles; 2026-11-26, H100, same run, 3 rounds): causal S = 1024
+// on three 275-284 against two 267-272, S = 512 187-192 against 191-195. So: three
+// unless the mask has a right edge (causal is a window with right = 0) and the longest
+// sequence has at most 512 queries.
+constexpr int kWideMaxMaskedRows = 512;
 XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q) {
   return window_right < 0 || max_seqlen_q > kWideMaxMaskedRows;
 }
