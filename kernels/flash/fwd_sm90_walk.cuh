@@ -494,7 +494,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       // for and released, the last one's V tail zeroed with the other warpgroups (they
       // meet there). Not with ping-pong (every tile takes turns) nor in fp8's walk: its
       // consumers (160 registers) spilled 220 bytes, 59 local loads and stores in the
-      // tile loop, computing the bound (84 with it handed over opaque).
+      // tile loop, computing the bound (84 with it handed over opaque; the one block an
+      // item kernel, past the walk's 2048 rows, passes them: fwd_sm90.cuh).
       constexpr bool kPassesTiles = !kPingPong && !kFp8;
       const int wg_tiles =
           kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles) : tiles;
