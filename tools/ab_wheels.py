@@ -54,7 +54,8 @@ for dt, d, s, causal in CONFIGS:
         cu = jnp.cumsum(jnp.asarray([0] + lens, jnp.int32))
         kind = jnp.float8_e4m3fn if dt == "fp8" else jnp.bfloat16
         # packed (and cast to e4m3) once, outside the timed function: timed with the
-        # kernel, the casts of three arrays cut fp8's causal S=512 rate about in half
+        # kernel, the casts of three arrays made fp8's causal S=512 read about half the
+        # rate tools/bench.py measures
         args = tuple(x.reshape(b * rows, h, d).astype(kind) for x in (q, k, v))
         f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cu, cu, max(lens), max(lens),
                                                  causal=causal).reshape(b, rows, h, d)
