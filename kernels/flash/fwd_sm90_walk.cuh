@@ -499,14 +499,6 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       constexpr bool kPassesTiles = !kPingPong && !kFp8;
       const int wg_tiles =
           kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles) : tiles;
-      auto pass_tile = [&](int j) {
-        zero_v_tail(j);
-        const int st = (g0 + j) % kKRing, sv = (g0 + j) % kPvRing;
-        sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
-        release(bar(kEmptyK, st));
-        sm90::mbar_wait(bar(kFullV, sv), parity(g0 + j, kVRing));  // 16-bit: kPassesTiles
-        release(bar(kEmptyV, sv));
-      };
       constexpr bool kOverlap = overlaps_products(kWgs, kEB);  // else tiles_in_turn
       if constexpr (!kOverlap) {
         tiles_in_turn(
@@ -556,7 +548,14 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         }
       }
       if constexpr (kPassesTiles) {
-        for (int j = wg_tiles; j < tiles; ++j) pass_tile(j);
+        for (int j = wg_tiles; j < tiles; ++j) {
+          zero_v_tail(j);
+          const int st = (g0 + j) % kKRing, sv = (g0 + j) % kPvRing;
+          sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
+          release(bar(kEmptyK, st));
+          sm90::mbar_wait(bar(kFullV, sv), parity(g0 + j, kVRing));  // 16-bit: kPassesTiles
+          release(bar(kEmptyV, sv));
+        }
       }
       // Epilogue (finish_rows), then O written out (write_o_rows).
       finish_rows<T, D, kBlockM>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
