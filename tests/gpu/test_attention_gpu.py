@@ -409,8 +409,9 @@ def test_flash_forward_sm90_causal_diagonals(gpu_device, sm90_grid, rng, mk, mon
     only part of: Lk = Lq (a block's first 64 rows see the diagonal tile's first half),
     Lk = Lq + 64 (one warpgroup sees none of its block's last tile, the other half of
     it), Lk = Lq - 64 (a sequence's first rows see no key), an odd offset; sequences
-    ending inside a tile's first and second halves, one of a single tile. Against the
-    float64 reference, lse included."""
+    ending inside a tile's first and second halves, one of a single tile. At d64 (three
+    warpgroups past 512 rows) a warpgroup passes the tiles none of its rows sees
+    (fwd_sm90.cuh, warpgroup_tiles). Against the float64 reference, lse included."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
