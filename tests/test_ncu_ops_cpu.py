@@ -1,0 +1,51 @@
+"""tools/ncu_ops.py on a hand-written Nsight Compute source-page export (the tool reads
+CSV only; profiling needs a GPU, this needs nothing)."""
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
+import ncu_ops  # noqa: E402
+
+EXPORT = '''"Kernel Name","kern_x",
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","# Samples","Instructions Executed"
+"0x10","HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT","5","4","5","1,024"
+"0x20","@!P0  BRA 0x7f00","30","20","30","2,048"
+"0x30","SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR39+0x38030], R2","60","50","60","512"
+"0x40","MUFU.EX2 R3, R3","3","2","3","4,096"
+"0x50","MUFU.EX2 R4, R4","2","1","2","4,096"
+"0x60","SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR24+0x38050], R9","0","0","0","0"
+"0x70","@P3   FADD R8, R8, R21","0","0","0","1,000"
+'''
+
+
+def test_sums_by_opcode_and_waits(tmp_path):
+    path = tmp_path / "rep.csv"
+    path.write_text(EXPORT)
+    prof = ncu_ops.read(str(path))
+    assert prof.kernel == "kern_x"
+    assert prof.executed == {"HGMMA": 1024, "BRA": 2048, "SYNCS": 512, "MUFU": 8192, "FADD": 1000}
+    assert prof.stalls["MUFU"] == 5 and prof.stalls["SYNCS"] == 60 and prof.stalls["BRA"] == 30
+    assert prof.waits == {"UR39+0x38030": 60, "UR24+0x38050": 0}
+    text = ncu_ops.report(prof, top=2, waits=1)
+    assert text.splitlines()[0] == "kern_x: 1.278e+04 instructions executed, 100 stall samples"
+    assert [line.split()[0] for line in text.splitlines()[1:]] == ["MUFU", "BRA", "wait"]
+    assert "60.0 %" in text.splitlines()[-1]
+
+
+@pytest.mark.parametrize("sass, op", [("@!P0  BRA 0x1", "BRA"), ("@UP0  UIADD3 UR8, UR4", "UIADD3"),
+                                      ("@PT FFMA R1, R2, R3, R4", "FFMA"),
+                                      ("WARPGROUP.DEPBAR.LE gsb0, 0x0", "WARPGROUP")])
+def test_opcode(sass, op):
+    assert ncu_ops.opcode(sass) == op
+
+
+def test_rejects_other_exports(tmp_path):
+    path = tmp_path / "details.csv"
+    path.write_text('"ID","Kernel Name","Metric Name"\n"0","k","Duration"\n')
+    with pytest.raises(ValueError, match="no 'Address' header"):
+        ncu_ops.read(str(path))
+    path.write_text('"Address","Source","# Samples"\n"0x10","NOP","1"\n')
+    with pytest.raises(ValueError, match="SourceCounters"):
+        ncu_ops.read(str(path))
