@@ -24,8 +24,12 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from sass_report import opcode  # a SASS line's opcode, predicate and modifiers stripped
+
 EXECUTED = "Instructions Executed"
 SAMPLES = "Warp Stall Sampling (All Samples)"
+# an mbarrier wait's operand: SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR39+0x38030], R2
+WAIT = re.compile(r"SYNCS\.\S*TRYWAIT\S*\s+\S+,\s*\[([^\]]+)\]")
 
 
 @dataclass
@@ -34,12 +38,6 @@ class Profile:
     executed: collections.Counter = field(default_factory=collections.Counter)
     stalls: collections.Counter = field(default_factory=collections.Counter)
     waits: collections.Counter = field(default_factory=collections.Counter)
-
-
-def opcode(sass: str) -> str:
-    """The opcode of one SASS line, without its predicate or modifiers."""
-    m = re.match(r"\s*(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)", sass)
-    return m.group(1) if m else sass.strip()
 
 
 def number(cell: str) -> float:
@@ -65,13 +63,14 @@ def read(path: str) -> Profile:
         raise ValueError(f"{path}: columns {missing} missing (profile with --section "
                          "SourceCounters --section WarpStateStats)")
     src, ex, st = header.index("Source"), header.index(EXECUTED), header.index(SAMPLES)
+    width = max(src, ex, st)
     for row in body:
-        if len(row) <= max(src, ex, st):
+        if len(row) <= width:
             continue
         op, samples = opcode(row[src]), number(row[st])
         prof.executed[op] += number(row[ex])
         prof.stalls[op] += samples
-        wait = re.search(r"SYNCS\.\S*TRYWAIT\S*\s+\S+,\s*\[([^\]]+)\]", row[src])
+        wait = WAIT.search(row[src])
         if wait:
             prof.waits[wait.group(1).strip()] += samples
     return prof
