@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""What the GPU runs for one jitted attention call, issued back to back as tools/bench.py
+times it: every kernel and memset of --calls calls, read from JAX's profiler (CUPTI),
+summed per name, and the calls' period against the time the GPU was busy.
+
+  python3 tools/call_timeline.py --impl ours --seqlen 512 --head-dim 128 [--causal]
+      [--op fwd|fwd_bwd] [--calls 50] [--json out.json]
+
+Shapes follow tools/bench.py's dense rows (16 K tokens, H x D = 2048, bf16). impl ours
+is xla_attn.jax.flash_attn, jax-cudnn jax.nn.dot_product_attention(implementation=
+"cudnn"). The period is the span from the first activity of the traced calls to the end
+of the last, over --calls; busy is the summed activity durations over --calls; what is
+left (period - busy) is the GPU idle between activities: launch gaps and host time the
+queue did not hide. A measuring tool, not a benchmark of record.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import tempfile
+
+
+def gpu_activities(xspace_dir: str) -> list[tuple[str, int, int]]:
+    """(name, start_ns, duration_ns) of every activity on a GPU plane of the trace under
+    xspace_dir (the *.xplane.pb that jax.profiler.trace wrote there)."""
+    from jax.profiler import ProfileData
+
+    files = sorted(pathlib.Path(xspace_dir).rglob("*.xplane.pb"))
+    if not files:
+        raise RuntimeError(f"no *.xplane.pb under {xspace_dir}: the profiler wrote no trace")
+    events = []
+    for plane in ProfileData.from_file(str(files[-1])).planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            # per-stream lines carry the activities; XLA's per-op and per-module lines
+            # repeat them under other names
+            if not line.name.startswith("Stream"):
+                continue
+            events += [(e.name, int(e.start_ns), int(e.duration_ns)) for e in line.events]
+    return events
+
+
+def summarize(events: list[tuple[str, int, int]], calls: int) -> dict:
+    """Per call: the period, the busy time, the idle rest, and each activity name's count
+    and median duration (names shortened to 80 characters)."""
+    if not events or calls <= 0:
+        raise ValueError("summarize: no GPU activity recorded (or calls <= 0)")
+    start = min(s for _, s, _ in events)
+    end = max(s + d for _, s, d in events)
+    period = (end - start) / calls
+    busy = sum(d for *_, d in events) / calls
+    by_name: dict[str, list[int]] = {}
+    for name, _, dur in events:
+        by_name.setdefault(name[:80], []).append(dur)
+    kinds = sorted(((n, len(ds) / calls, statistics.median(ds) / 1e3) for n, ds in by_name.items()),
+                   key=lambda x: -x[1] * x[2])
+    return {"period_us": period / 1e3, "busy_us": busy / 1e3, "idle_us": (period - busy) / 1e3,
+            "activities": [{"name": n, "per_call": c, "median_us": m} for n, c, m in kinds]}
+
+
+def report(summary: dict) -> str:
+    lines = [f"period {summary['period_us']:.1f} us a call: busy {summary['busy_us']:.1f}, "
+             f"idle {summary['idle_us']:.1f}"]
+    for a in summary["activities"]:
+        lines.append(f"  {a['per_call']:5.2f} x {a['median_us']:8.2f} us  {a['name']}")
+    return "\n".join(lines)
+
+
+def build(impl: str, op: str, seqlen: int, head_dim: int, causal: bool):
+    import jax
+    import jax.numpy as jnp
+
+    b, h = 16384 // seqlen, 2048 // head_dim
+    ks = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(x, (b, seqlen, h, head_dim), jnp.bfloat16) for x in ks)
+    if impl == "ours":
+        from xla_attn import jax as xj
+
+        def fwd(q, k, v):
+            return xj.flash_attn(q, k, v, causal=causal)
+    else:
+        def fwd(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                implementation="cudnn")
+    if op == "fwd":
+        fn = jax.jit(fwd)
+    else:
+        fn = jax.jit(jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(),
+                              argnums=(0, 1, 2)))
+    return fn, (q, k, v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impl", choices=("ours", "jax-cudnn"), default="ours")
+    p.add_argument("--op", choices=("fwd", "fwd_bwd"), default="fwd")
+    p.add_argument("--seqlen", type=int, default=512)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--json", help="write the summary here")
+    args = p.parse_args(argv)
+
+    import jax
+
+    fn, inputs = build(args.impl, args.op, args.seqlen, args.head_dim, args.causal)
+    for _ in range(3):  # compile, plans, allocator warm
+        jax.block_until_ready(fn(*inputs))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            outs = [fn(*inputs) for _ in range(args.calls)]
+            jax.block_until_ready(outs)
+        summary = summarize(gpu_activities(d), args.calls)
+    summary["config"] = vars(args)
+    print(f"{args.impl} {args.op} d{args.head_dim} S={args.seqlen}"
+          f"{' causal' if args.causal else ''}: " + report(summary))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
