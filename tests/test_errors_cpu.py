@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import xla_attn
+import xla_attn.jax
 from xla_attn import _native
 
 
@@ -79,6 +80,18 @@ def test_flash_bad_input(case):
     with pytest.raises(error) as info:
         xla_attn.flash_attn_varlen(**args)
     assert str(info.value) == message
+
+
+def test_dense_rows_past_int32_offsets():
+    # shapes alone (jax.eval_shape): 2**16 sequences of 2**15 tokens would need int32
+    # sequence offsets past 2**31
+    q = jax.ShapeDtypeStruct((2**16, 2**15, 1, 8), jnp.bfloat16)
+    with pytest.raises(ValueError) as info:
+        jax.eval_shape(xla_attn.jax.flash_attn, q, q, q)
+    assert str(info.value) == ("flash_attn: batch x seqlen must be < 2**31 (int32 offsets), "
+                               "got 65536 x 32768")
+    ok = jax.ShapeDtypeStruct((2**15, 2**15, 1, 8), jnp.bfloat16)
+    assert jax.eval_shape(xla_attn.jax.flash_attn, ok, ok, ok).shape == ok.shape
 
 
 CACHE_CASES = [

@@ -4,14 +4,19 @@ times it: every kernel and memset of --calls calls, read from JAX's profiler (CU
 summed per name, and the calls' period against the time the GPU was busy.
 
   python3 tools/call_timeline.py --impl ours --seqlen 512 --head-dim 128 [--causal]
-      [--op fwd|fwd_bwd] [--calls 50] [--json out.json]
+      [--op fwd|fwd_bwd] [--calls 50] [--chain 1] [--json out.json]
 
 Shapes follow tools/bench.py's dense rows (16 K tokens, H x D = 2048, bf16). impl ours
 is xla_attn.jax.flash_attn, jax-cudnn jax.nn.dot_product_attention(implementation=
 "cudnn"). The period is the span from the first activity of the traced calls to the end
 of the last, over --calls; busy is the summed activity durations over --calls; what is
 left (period - busy) is the GPU idle between activities: launch gaps and host time the
-queue did not hide. A measuring tool, not a benchmark of record.
+queue did not hide. The profiler's own host cost lengthens the traced period, so the
+calls are also timed without it first: wall time a call over --calls back to back, and
+the host's share (until the last call was enqueued). --chain N makes one call N
+attentions in a row, each one's output the next one's query (N layers of one compiled
+graph), so that JAX's dispatch is paid once for N. A measuring tool, not a benchmark of
+record.
 """
 from __future__ import annotations
 
@@ -69,7 +74,7 @@ def report(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def build(impl: str, op: str, seqlen: int, head_dim: int, causal: bool):
+def build(impl: str, op: str, seqlen: int, head_dim: int, causal: bool, chain: int = 1):
     import jax
     import jax.numpy as jnp
 
@@ -85,10 +90,15 @@ def build(impl: str, op: str, seqlen: int, head_dim: int, causal: bool):
         def fwd(q, k, v):
             return jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                 implementation="cudnn")
+
+    def layers(q, k, v):
+        for _ in range(chain):
+            q = fwd(q, k, v)
+        return q
     if op == "fwd":
-        fn = jax.jit(fwd)
+        fn = jax.jit(layers)
     else:
-        fn = jax.jit(jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(),
+        fn = jax.jit(jax.grad(lambda q, k, v: layers(q, k, v).astype(jnp.float32).sum(),
                               argnums=(0, 1, 2)))
     return fn, (q, k, v)
 
@@ -102,22 +112,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--chain", type=int, default=1, help="attentions a call (layers)")
     p.add_argument("--json", help="write the summary here")
     args = p.parse_args(argv)
 
     import jax
 
-    fn, inputs = build(args.impl, args.op, args.seqlen, args.head_dim, args.causal)
+    import time
+
+    fn, inputs = build(args.impl, args.op, args.seqlen, args.head_dim, args.causal, args.chain)
     for _ in range(3):  # compile, plans, allocator warm
         jax.block_until_ready(fn(*inputs))
+    t0 = time.perf_counter()
+    outs = [fn(*inputs) for _ in range(args.calls)]
+    host = time.perf_counter() - t0
+    jax.block_until_ready(outs)
+    wall = time.perf_counter() - t0
+    del outs
+    untraced = {"wall_us": wall / args.calls * 1e6, "host_us": host / args.calls * 1e6}
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             outs = [fn(*inputs) for _ in range(args.calls)]
             jax.block_until_ready(outs)
         summary = summarize(gpu_activities(d), args.calls)
     summary["config"] = vars(args)
+    summary["untraced"] = untraced
     print(f"{args.impl} {args.op} d{args.head_dim} S={args.seqlen}"
-          f"{' causal' if args.causal else ''}: " + report(summary))
+          f"{' causal' if args.causal else ''} chain {args.chain}: untraced "
+          f"{untraced['wall_us']:.1f} us a call (host {untraced['host_us']:.1f}); traced "
+          + report(summary))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(summary, indent=1))
     return 0

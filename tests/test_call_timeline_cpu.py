@@ -1,0 +1,35 @@
+"""tools/call_timeline.py's summary of GPU activities (the profiling needs a GPU; the
+arithmetic on the activities it reads does not)."""
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
+import call_timeline  # noqa: E402
+
+# two calls: a memset, a 3 us fusion and a 100 us kernel each, 2 us apart
+EVENTS = [("Memset", 0, 1_000), ("fusion", 2_000, 3_000), ("attn_kernel", 6_000, 100_000),
+          ("Memset", 110_000, 1_000), ("fusion", 112_000, 5_000),
+          ("attn_kernel", 118_000, 102_000)]
+
+
+def test_period_busy_idle_and_names():
+    s = call_timeline.summarize(EVENTS, calls=2)
+    assert s["period_us"] == pytest.approx(110.0)  # 0 .. 220 us over 2 calls
+    assert s["busy_us"] == pytest.approx(106.0)  # (1 + 3 + 100 + 1 + 5 + 102) / 2
+    assert s["idle_us"] == pytest.approx(4.0)
+    names = [a["name"] for a in s["activities"]]
+    assert names == ["attn_kernel", "fusion", "Memset"]  # by time a call
+    kernel = s["activities"][0]
+    assert kernel["per_call"] == 1.0 and kernel["median_us"] == pytest.approx(101.0)
+    text = call_timeline.report(s)
+    assert text.splitlines()[0] == "period 110.0 us a call: busy 106.0, idle 4.0"
+    assert "attn_kernel" in text.splitlines()[1]
+
+
+def test_empty_or_missing_trace_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="no GPU activity"):
+        call_timeline.summarize([], calls=3)
+    with pytest.raises(RuntimeError, match="no \\*.xplane.pb"):
+        call_timeline.gpu_activities(str(tmp_path))
