@@ -11,7 +11,8 @@ is xla_attn.jax.flash_attn, jax-cudnn jax.nn.dot_product_attention(implementatio
 "cudnn"). The period is the span from the first activity of the traced calls to the end
 of the last, over --calls; busy is the summed activity durations over --calls; what is
 left (period - busy) is the GPU idle between activities: launch gaps and host time the
-queue did not hide. The profiler's own host cost lengthens the traced period, so the
+queue did not hide (activities overlapping on several streams would count twice in busy;
+these calls run on one). The profiler's own host cost lengthens the traced period, so the
 calls are also timed without it first: wall time a call over --calls back to back, and
 the host's share (until the last call was enqueued). --chain N makes one call N
 attentions in a row, each one's output the next one's query (N layers of one compiled
@@ -25,6 +26,7 @@ import json
 import pathlib
 import statistics
 import tempfile
+import time
 
 
 def gpu_activities(xspace_dir: str) -> list[tuple[str, int, int]]:
@@ -116,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the summary here")
     args = p.parse_args(argv)
 
+    if args.calls < 1 or args.chain < 1:
+        p.error("--calls and --chain must be >= 1")
     import jax
-
-    import time
 
     fn, inputs = build(args.impl, args.op, args.seqlen, args.head_dim, args.causal, args.chain)
     for _ in range(3):  # compile, plans, allocator warm
