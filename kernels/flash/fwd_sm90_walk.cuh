@@ -333,6 +333,14 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     auto my_turn = [&] {
       if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
     };
+    // At d128 a warpgroup hands the turn over once S_j is issued, before P_{j-1} V_{j-1},
+    // so that the other's S can queue behind this S rather than behind both products (the
+    // walk's own clock: S_j landed 800 cycles after its issue at S=4096, its softmax
+    // 1,378). H100, same runs, 3 rounds each: S = 4096 full +1.4 / +3.3 %, causal +3.5 %,
+    // 8192 +2.4 %, 16384 +1.2 / +1.7 %, S = 512 .. 2048 -1.3 .. +2.1 % (within the
+    // spread); at d64 as well, causal S = 512 lost 5.6 %, so d64 keeps both products in
+    // its turn.
+    constexpr bool kEarlyHandOver = D == 128;
     auto their_turn = [&] {
       if constexpr (kPingPong) sm90::named_arrive(kTurnBarrier + 1 - wg, 256);
     };
@@ -524,8 +532,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           zero_v_tail(j - 1);
           my_turn();
           issue_s(j);
+          if constexpr (kEarlyHandOver) their_turn();
           issue_pv(j - 1);
-          their_turn();
+          if constexpr (!kEarlyHandOver) their_turn();
           sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
           sm90::wgmma_hold(s_flat);
           softmax_of_landed_s(
