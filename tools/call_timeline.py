@@ -78,11 +78,10 @@ def report(summary: dict) -> str:
 
 def build(impl: str, op: str, seqlen: int, head_dim: int, causal: bool, chain: int = 1):
     import jax
-    import jax.numpy as jnp
 
-    b, h = 16384 // seqlen, 2048 // head_dim
-    ks = jax.random.split(jax.random.key(0), 3)
-    q, k, v = (jax.random.normal(x, (b, seqlen, h, head_dim), jnp.bfloat16) for x in ks)
+    from profile_op import dense_inputs, jit_call
+
+    inputs = dense_inputs(seqlen, head_dim, jax.random.split(jax.random.key(0), 3))
     if impl == "ours":
         from xla_attn import jax as xj
 
@@ -97,12 +96,7 @@ def build(impl: str, op: str, seqlen: int, head_dim: int, causal: bool, chain: i
         for _ in range(chain):
             q = fwd(q, k, v)
         return q
-    if op == "fwd":
-        fn = jax.jit(layers)
-    else:
-        fn = jax.jit(jax.grad(lambda q, k, v: layers(q, k, v).astype(jnp.float32).sum(),
-                              argnums=(0, 1, 2)))
-    return fn, (q, k, v)
+    return jit_call(op, layers), inputs
 
 
 def main(argv: list[str] | None = None) -> int:

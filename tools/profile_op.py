@@ -17,6 +17,28 @@ import statistics
 import time
 
 
+def dense_inputs(seqlen: int, head_dim: int, keys):
+    """q, k, v of tools/bench.py's dense rows: 16 K tokens (batch x seqlen), H x D = 2048,
+    bf16 normals, one of `keys` each."""
+    import jax
+    import jax.numpy as jnp
+
+    b, h = 16384 // seqlen, 2048 // head_dim
+    return tuple(jax.random.normal(x, (b, seqlen, h, head_dim), jnp.bfloat16) for x in keys)
+
+
+def jit_call(op: str, attn):
+    """attn(q, k, v) jitted (op fwd), or the gradients in q, k, v of its output's sum
+    (fwd_bwd)."""
+    import jax
+    import jax.numpy as jnp
+
+    if op == "fwd":
+        return jax.jit(attn)
+    return jax.jit(jax.grad(lambda q, k, v: attn(q, k, v).astype(jnp.float32).sum(),
+                            argnums=(0, 1, 2)))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,7 +66,7 @@ def main() -> None:
     if args.op in ("fwd", "fwd_bwd"):
         d, s = args.head_dim, args.seqlen
         b, h = 16384 // s, 2048 // d
-        q, k, v = (jax.random.normal(next(key), (b, s, h, d), jnp.bfloat16) for _ in range(3))
+        q, k, v = dense_inputs(s, d, [next(key) for _ in range(3)])
 
         def fwd(q, k, v):
             return xj.flash_attn(q, k, v, causal=args.causal)
@@ -57,12 +79,8 @@ def main() -> None:
             fn = jax.jit(lambda q, k, v, cu: xj.flash_attn_varlen(q, k, v, cu, cu, s, s,
                                                                   causal=args.causal))
             inputs = (q, k, v, cu)
-        elif args.op == "fwd":
-            fn, inputs = jax.jit(fwd), (q, k, v)
         else:
-            fn = jax.jit(jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(),
-                                  argnums=(0, 1, 2)))
-            inputs = (q, k, v)
+            fn, inputs = jit_call(args.op, fwd), (q, k, v)
     else:
         bsz, ctx, bs, d = args.batch, args.context, args.block_size, 128
         hq, hk = 32, 8

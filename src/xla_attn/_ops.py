@@ -185,8 +185,9 @@ def flash_dense_check(q, k, v) -> tuple[int, int, int]:
     c.value(ks[0] == b, f"k's batch ({ks[0]}) must equal q's ({b})")
     c.value(shape(v) == ks, f"v must have k's shape {ks}, got {shape(v)}")
     # the sequences' offsets (cu_seqlens) are int32
-    c.value(b * max(sq, ks[1]) < 2**31,
-            f"batch x seqlen must be < 2**31 (int32 offsets), got {b} x {max(sq, ks[1])}")
+    longest = max(sq, ks[1])
+    c.value(b * longest < 2**31,
+            f"batch x seqlen must be < 2**31 (int32 offsets), got {b} x {longest}")
     return b, sq, ks[1]
 
 
