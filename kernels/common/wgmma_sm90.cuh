@@ -320,8 +320,11 @@ __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], uint64_t desc_a
 template <int N>
 __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4],
                                               uint64_t desc_b) {
-  static_assert(N == 128 || N == 256, "wgmma_rs_e4m3: N = 128 or 256");
-  if constexpr (N == 128) {
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs_e4m3: N = 64, 128 or 256");
+  if constexpr (N == 64) {
+    XLA_ATTN_WGMMA_RS_E4M3("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34",
+                           "35", "36");
+  } else if constexpr (N == 128) {
     XLA_ATTN_WGMMA_RS_E4M3("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
                            "67", "68");
   } else {

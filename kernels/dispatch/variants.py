@@ -255,21 +255,23 @@ def _flash_fwd_sm90_variants():
                 params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
                 head_dim_max=hi, features=features if paged else features & ~FEATURES["paged"],
                 priority=20, threads=128 * (1 + wgs))
-    # fp8 e4m3 (q, k, v; bf16 out), head dims 16-128 in the d128 kernel (sm90_tiles.h,
-    # fp8_covers) with three consumer warpgroups (kFp8Wgs), its walk, and its paged
-    # instance with two: + 3.
-    for op, suffix in (("flash_fwd_tma", ""), ("flash_fwd_tma_paged", "_paged"),
-                       ("flash_fwd_tma_walk", "_walk")):
+    # fp8 e4m3 (q, k, v; bf16 out) in two buckets, head dims 16-64 and 65-128 (sm90_tiles.h,
+    # fp8_bucket: both in one 128-byte column block a row), each with three consumer
+    # warpgroups (kFp8Wgs), its walk, and its paged instance with two: + 6.
+    for (lo, hi), (op, suffix) in itertools.product(
+            ((16, 64), (65, 128)), (("flash_fwd_tma", ""), ("flash_fwd_tma_paged", "_paged"),
+                                    ("flash_fwd_tma_walk", "_walk"))):
         paged = suffix == "_paged"
+        fp8 = DTYPES["f8e4m3"][1]
         yield Variant(
             op=op, family="sm90",
             module="flash_fwd_sm90_walk" if suffix == "_walk" else "flash_fwd_sm90",
-            kernel=f"xla_attn_flash_fwd_sm90_f8e4m3_d128{suffix}",
-            template={"": "xla_attn::flash_fwd_sm90<__nv_fp8_e4m3, 128, 3>",
-                      "_paged": "xla_attn::flash_fwd_sm90<__nv_fp8_e4m3, 128, 2, true>",
-                      "_walk": "xla_attn::flash_fwd_sm90_walk<__nv_fp8_e4m3, 128, 3>"}[suffix],
+            kernel=f"xla_attn_flash_fwd_sm90_f8e4m3_d{hi}{suffix}",
+            template={"": f"xla_attn::flash_fwd_sm90<{fp8}, {hi}, 3>",
+                      "_paged": f"xla_attn::flash_fwd_sm90<{fp8}, {hi}, 2, true>",
+                      "_walk": f"xla_attn::flash_fwd_sm90_walk<{fp8}, {hi}, 3>"}[suffix],
             params="xla_attn::flash_sm90::Args", dtype0="f8e4m3", dtype1="f8e4m3",
-            head_dim_min=16, head_dim_max=128,
+            head_dim_min=lo, head_dim_max=hi,
             features=(features if paged else features & ~FEATURES["paged"]) | FEATURES["fp8"],
             priority=20, threads=128 * (1 + (2 if paged else 3)))
 

@@ -30,7 +30,8 @@
 // (published by __syncwarp alone: the producer's copies cannot tell the consumers).
 //
 // fp8 (e4m3 q, k, v with q/k/v_descale; bf16 out; head dims up to 128 in one 128-byte
-// column block): S = Q K^T on m64n128k32 e4m3 products; P is rounded to e4m3 in
+// column block, the d64 bucket's upper half zeros: sm90_tiles.h, fp8_bucket): S = Q K^T
+// on m64n128k32 e4m3 products; P is rounded to e4m3 in
 // registers for P V. 8-bit wgmma reads B only K-major, and P V's K is the keys, so the
 // producer warpgroup transposes each V tile in shared memory into a V^T tile (below,
 // transpose_v_e4m3) while the consumers compute, then releases it on a full_vt barrier.
@@ -319,8 +320,8 @@ __device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (
 }
 
 // One kBlockN x 128-byte V tile of e4m3 (rows = keys, 128-byte swizzled as the copy
-// engine lands it) into V^T (rows = head dims, kBlockN = 128 bytes of keys, swizzled the
-// same way), as the K-major B operand of P V, by the producer's transposing warps. Keys
+// engine lands it) into V^T (rows = head dims, the first D, kBlockN = 128 bytes of keys,
+// swizzled the same way), as the K-major B operand of P V, by the producer's transposing warps. Keys
 // are permuted inside each 16: V^T column 16c + 4t + j holds key 16c + 2t + (j & 1) +
 // 8 (j >> 1), the key whose score sits in byte j of the P register that the consumers
 // pack from accumulator pairs (2t, 2t + 1) and (2t + 8, 2t + 9) (to_p), so P needs no
@@ -334,8 +335,9 @@ __device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (
 // transpose took ~70 instructions per 16 bytes a lane, and issue slots that the consumer
 // warps on the same schedulers needed: the fp8 forward ran at 0.8-1.0x bf16.
 // kMaskKeys: the tile holds keys at or past `have` (a sequence's last tile), zeroed.
-template <bool kMaskKeys>
+template <int D, bool kMaskKeys>
 __device__ __forceinline__ void transpose_v_blocks(uint32_t raw, uint32_t vt, int have, int pt) {
+  constexpr uint32_t kBlocks = 8u * uint32_t(D / 32);  // 8 key blocks x D / 32 dim blocks
   const int lane = pt % 32, warp = pt / 32;
   const int m = lane / 8, r = lane % 8, half = m >> 1, t = lane % 4;
   // this lane's ldmatrix row (key r of matrix m) and stmatrix row (V^T row n_lane)
@@ -343,7 +345,7 @@ __device__ __forceinline__ void transpose_v_blocks(uint32_t raw, uint32_t vt, in
   const int n_lane = 16 * half + 2 * r + (m & 1);
   const uint32_t st_row = vt + uint32_t(n_lane) * 128u;
 #pragma unroll 1
-  for (uint32_t blk = warp; blk < 32u; blk += kTransposeWarps) {  // 8 key x 4 dim blocks
+  for (uint32_t blk = warp; blk < kBlocks; blk += kTransposeWarps) {
     const uint32_t c = blk % 8u, xb = blk / 8u;  // keys 16c .., dims 32xb ..
     uint32_t x[4];
     sm80::ldsm_x4_trans(x, ld_row + c * 2048u + (((2u * xb + uint32_t(half)) ^ uint32_t(r)) << 4));
@@ -364,11 +366,12 @@ __device__ __forceinline__ void transpose_v_blocks(uint32_t raw, uint32_t vt, in
 // instructions a block, now 20, and the transposing warps took 18 % of the fp8 kernel's
 // stall samples beside three consumer warpgroups (ncu, H100, d128 S=8192). H100, same run:
 // +0..+1 % up to S=8192, +4 % at 16384: the transposes were not what held the consumers.
+template <int D>
 __device__ __forceinline__ void transpose_v_e4m3(uint32_t raw, uint32_t vt, int have, int pt) {
-  if (have >= block_n(kFp8HeadDim)) {
-    transpose_v_blocks<false>(raw, vt, have, pt);
+  if (have >= block_n(D)) {
+    transpose_v_blocks<D, false>(raw, vt, have, pt);
   } else {
-    transpose_v_blocks<true>(raw, vt, have, pt);
+    transpose_v_blocks<D, true>(raw, vt, have, pt);
   }
 }
 
@@ -386,9 +389,9 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   constexpr int kEB = int(sizeof(T));  // element bytes: 2, or 1 for e4m3
   constexpr bool kFp8 = kEB == 1;
   using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
-  static_assert(!kFp8 || (D == kFp8HeadDim && kWgs == (kPaged ? 2 : kFp8Wgs)),
-                "fp8: the d128 bucket, three consumers (paged: two)");
-  constexpr int kColBlocks = D * kEB / kRowBytes;  // 128-byte column blocks of a row
+  static_assert(!kFp8 || ((D == 64 || D == 128) && kWgs == (kPaged ? 2 : kFp8Wgs)),
+                "fp8: the d64 and d128 buckets, three consumers (paged: two)");
+  constexpr int kColBlocks = col_blocks(D, kEB);  // 128-byte column blocks of a row
   constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
   constexpr int kNT = kBlockN / 8;    // n8 tiles of S
   constexpr int kDT = D / 8;          // n8 tiles of O
@@ -462,7 +465,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       const int st = j % kVtRing, raw = j % kVRing;
       sm90::mbar_wait(bar(kFullV, raw), parity(j, kVRing));
       if (j >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(j - kVtRing, kVtRing));
-      transpose_v_e4m3(sV + raw * kKVBytes, sVt + st * kVtBytes, n_hi - (n_lo + j * kBlockN),
+      transpose_v_e4m3<D>(sV + raw * kKVBytes, sVt + st * kVtBytes, n_hi - (n_lo + j * kBlockN),
                        threadIdx.x - 32);
       sm90::fence_proxy_async_shared();
       sm90::named_barrier(kProducerBarrier, 32 * kTransposeWarps);

@@ -26,9 +26,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   constexpr int kEB = int(sizeof(T));  // element bytes: 2, or 1 for e4m3
   constexpr bool kFp8 = kEB == 1;
   using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
-  static_assert(!kFp8 || (D == kFp8HeadDim && kWgs == kFp8Wgs),
-                "fp8: the d128 bucket, three consumers");
-  constexpr int kColBlocks = D * kEB / kRowBytes;  // 128-byte column blocks of a row
+  static_assert(!kFp8 || ((D == 64 || D == 128) && kWgs == kFp8Wgs),
+                "fp8: the d64 and d128 buckets, three consumers");
+  constexpr int kColBlocks = col_blocks(D, kEB);  // 128-byte column blocks of a row
   constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
   constexpr int kNT = kBlockN / 8;    // n8 tiles of S
   constexpr int kDT = D / 8;          // n8 tiles of O
@@ -163,7 +163,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       const int st = g % kVtRing, raw = g % kVRing;
       sm90::mbar_wait(bar(kFullV, raw), parity(g, kVRing));
       if (g >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(g - kVtRing, kVtRing));
-      transpose_v_e4m3(sV + raw * kKVBytes, sVt + st * kVtBytes, have, threadIdx.x - 32);
+      transpose_v_e4m3<D>(sV + raw * kKVBytes, sVt + st * kVtBytes, have, threadIdx.x - 32);
       sm90::fence_proxy_async_shared();
       sm90::named_barrier(kProducerBarrier, 32 * kTransposeWarps);
       if (threadIdx.x == 32) {

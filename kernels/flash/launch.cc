@@ -113,7 +113,7 @@ std::string encode_rows(sm90::TensorMap* map, const void* base, int64_t rows, in
 }
 
 // The sm90 family (flash/fwd_sm90.cuh) where it takes the call: sm_90, 16-bit q/k/v
-// (or fp8 e4m3 with head_dim 16..128), paged with block sizes that give whole 8-row
+// (or fp8 e4m3 with head_dim 16..128, in its d64 and d128 buckets), paged with block sizes that give whole 8-row
 // boxes (flash_sm90::Args), no split wanted (asked for, or planned
 // because the grid would not fill the GPU), rows the copy engine can stride (16-byte
 // rows and 16-byte aligned tensors). Returns false (and launches nothing) where it does
@@ -122,7 +122,8 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                  cudaStream_t stream, std::string* error) {
   const bool fp8 = params.q_dtype == XLA_ATTN_F8E4M3;
   const int eb = fp8 ? 1 : 2;
-  const int d = fp8 ? flash_sm90::kFp8HeadDim : flash_sm90::head_bucket(params.head_dim);
+  const int d =
+      fp8 ? flash_sm90::fp8_bucket(params.head_dim) : flash_sm90::head_bucket(params.head_dim);
   // Paged: boxes of gcd(block_size, block_n) rows, a multiple of 8 (Args), and
   // box coordinates (int32) that reach one past the cache's rows.
   const bool paged = params.block_table != nullptr;

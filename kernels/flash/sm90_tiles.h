@@ -83,14 +83,19 @@ XLA_ATTN_HOST_DEVICE constexpr int head_bucket(int head_dim) {
   return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
 }
 
-// fp8 (e4m3 q, k, v; bf16 out): one bucket, head dims up to 128 padded to 128, so that
-// a row is one 128-byte swizzle span as for the 16-bit kernels (d64 pays twice its
-// products; a 64-byte swizzled variant would not). d256 is not built: O's 128
-// registers, S's 64 and the transpose's producer registers would not fit 240.
-constexpr int kFp8HeadDim = 128;
+// fp8 (e4m3 q, k, v; bf16 out): two buckets, d64 (head dims 16..64) and d128 (65..128).
+// Both keep a row in one 128-byte swizzle span as the 16-bit kernels do (col_blocks): the
+// copy engine fills d64's upper 64 bytes with zeros, which no product reads: S takes D /
+// 32 k-steps and P V an N of D, O holds D / 2 registers and the producer transposes D
+// rows of V^T. Padded to d128 instead, d64 paid twice its products and transposes and ran
+// at 0.81-0.93x our bf16 d64 (H100, docs/benchmarks.md, 2026-11-26 (21)). d256 is not
+// built: O's 128 registers, S's 64 and the transpose's producer registers would not fit
+// 240.
+constexpr int kFp8MaxHeadDim = 128;
 XLA_ATTN_HOST_DEVICE constexpr bool fp8_covers(int head_dim) {
-  return head_dim >= 16 && head_dim <= kFp8HeadDim && head_dim % 16 == 0;
+  return head_dim >= 16 && head_dim <= kFp8MaxHeadDim && head_dim % 16 == 0;
 }
+XLA_ATTN_HOST_DEVICE constexpr int fp8_bucket(int head_dim) { return head_dim <= 64 ? 64 : 128; }
 
 // Keys per K/V tile: S is 64 x block_n per consumer warpgroup. 128 up to d128 (S 64 +
 // O 64 registers at d128); d256 takes 64 so that O's 128 registers fit beside S.
@@ -144,15 +149,23 @@ constexpr int kTransposeWarps = 3;
 // tiles, for fp8 vt_stages V^T tiles (V transposed by the producer: fp8 wgmma reads B
 // K-major only, and P V's K is the keys), then the barriers. kAlign of slack aligns the
 // start. d128: 2 x 32 + 4 x 32 KB; d256: 64 + 4 x 32 KB (227 KB is a block's limit on
-// sm_90); fp8 d128 (three consumers): 2 x 24 + 11 x 16 KB (226.7 KB in all).
+// sm_90); fp8 d128 (three consumers): 2 x 24 + 11 x 16 KB (226.7 KB in all), fp8 d64 the
+// same but 3 x 8 KB of V^T.
 constexpr int kAlign = 1024;
 constexpr int kRowBytes = 128;  // one column block of a row
 constexpr int kSmemLimit = 227 * 1024;
-XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d, int wgs, int eb = 2) {
-  return block_m(wgs) * eb * d;
+// 128-byte column blocks a row of Q, K or V takes (fp8 d64's 64-byte rows: one, half zeros)
+XLA_ATTN_HOST_DEVICE constexpr int col_blocks(int d, int eb = 2) {
+  return (d * eb + kRowBytes - 1) / kRowBytes;
 }
-XLA_ATTN_HOST_DEVICE constexpr int kv_bytes(int d, int eb = 2) { return block_n(d) * eb * d; }
-XLA_ATTN_HOST_DEVICE constexpr int vt_bytes(int d, int eb) { return eb == 1 ? kv_bytes(d, 1) : 0; }
+XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d, int wgs, int eb = 2) {
+  return block_m(wgs) * col_blocks(d, eb) * kRowBytes;
+}
+XLA_ATTN_HOST_DEVICE constexpr int kv_bytes(int d, int eb = 2) {
+  return block_n(d) * col_blocks(d, eb) * kRowBytes;
+}
+// fp8's V^T: D rows of block_n e4m3 keys (one 128-byte row each)
+XLA_ATTN_HOST_DEVICE constexpr int vt_bytes(int d, int eb) { return eb == 1 ? d * block_n(d) : 0; }
 // q_full and q_empty of each Q buffer and the item its Q belongs to (an int in an 8-byte
 // slot), then kMaxStages each of full_k, full_v, empty_k, empty_v and (fp8) full_vt,
 // empty_raw: 8 bytes each.
@@ -181,10 +194,11 @@ XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb = 2, bool w
   return layout_bytes(d, wgs, eb, q_buffers(d, wgs, eb, walk));
 }
 static_assert(smem_bytes(256, 2) <= kSmemLimit &&
-                  smem_bytes(128, kFp8Wgs, 1, true) <= kSmemLimit,
+                  smem_bytes(128, kFp8Wgs, 1, true) <= kSmemLimit &&
+                  smem_bytes(64, kFp8Wgs, 1, true) <= kSmemLimit,
               "the d256 (fp8: d128) tiles exceed sm_90's 227 KB a block");
 static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 &&
-                  q_buffers(128, kFp8Wgs, 1) == 2,
+                  q_buffers(128, kFp8Wgs, 1) == 2 && q_buffers(64, kFp8Wgs, 1) == 2,
               "d64 / d128 (16-bit and fp8) are meant to double their Q buffers");
 
 // The persistent walk (fwd_sm90_walk.cuh) where it measured faster than one block an
@@ -202,11 +216,11 @@ static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 &&
 // (fwd_sm90_walk.cuh, locate; 2026-11-26, H200, same run, walk / one block an item):
 // bf16 d128 full S = 2048 .. 16384 1.04 - 1.06x, causal S = 2048 / 4096 / 8192 / 16384
 // 1.10 / 1.01 / 1.04 / 1.03x; fp8 causal S = 4096 1.01x, 16384 0.98x. So 16-bit d128
-// walks at every length, fp8 to 2048 rows.
+// walks at every length, fp8 (d64 as d128, the same tile loop) to 2048 rows.
 constexpr int kWalkMaxRowsFp8 = 2048;
 XLA_ATTN_HOST_DEVICE constexpr bool has_walk(int d) { return d <= 128; }
 XLA_ATTN_HOST_DEVICE constexpr bool walks(int d, int max_seqlen_q, int eb = 2) {
-  return d == 64 || (d == 128 && (eb == 2 || max_seqlen_q <= kWalkMaxRowsFp8));
+  return eb == 1 ? max_seqlen_q <= kWalkMaxRowsFp8 : d == 64 || d == 128;
 }
 
 // Split-KV is not this family's: where the grid cannot fill the GPU by itself (one
