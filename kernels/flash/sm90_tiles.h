@@ -64,8 +64,8 @@ constexpr int kFp8Wgs = 3;
 // fp8 consumers cannot (160 registers: ptxas serialized every wgmma, C7512, also with
 // both products waited for before the softmax), so each runs a tile's products one after
 // the other (tiles_in_turn) and the other two warpgroups' softmaxes fill the gaps.
-XLA_ATTN_HOST_DEVICE constexpr bool overlaps_products(int wgs, int eb) {
-  return !(eb == 1 && wgs == 3);
+XLA_ATTN_HOST_DEVICE constexpr bool overlaps_products(int wgs, int eb, int d) {
+  return !(eb == 1 && wgs == 3 && d > 64);
 }
 
 // A tile's softmax after an item's first against the running max as it stands, without
