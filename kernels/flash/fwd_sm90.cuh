@@ -715,7 +715,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     constexpr bool kPassesTiles = !kPingPong;
     const int wg_tiles =
         kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles) : tiles;
-    constexpr bool kOverlap = overlaps_products(kWgs, kEB, D);  // else tiles_in_turn
+    constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, false);  // else tiles_in_turn
     if constexpr (!kOverlap) {
       if (tiles > 0) sm90::mbar_wait(q_full, 0u);
       tiles_in_turn(

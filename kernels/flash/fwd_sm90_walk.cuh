@@ -507,7 +507,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       constexpr bool kPassesTiles = !kPingPong && !kFp8;
       const int wg_tiles =
           kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles) : tiles;
-      constexpr bool kOverlap = overlaps_products(kWgs, kEB, D);  // else tiles_in_turn
+      constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, true);  // else tiles_in_turn
       if constexpr (!kOverlap) {
         tiles_in_turn(
             tiles, s_flat, o_flat, issue_s, softmax_at_max,

@@ -61,11 +61,15 @@ constexpr int kFp8Wgs = 3;
 // FA3's intra-warpgroup overlap (fwd_sm90.cuh): a consumer issues S_j beside P_{j-1}
 // V_{j-1} and runs softmax_j while the latter is in flight, so that S (block_n / 2 f32),
 // O (D / 2) and P (block_n / 4, fp8 / 8) are all held by products in flight at once. Three
-// fp8 consumers cannot (160 registers: ptxas serialized every wgmma, C7512, also with
+// fp8 d128 consumers cannot (160 registers: ptxas serialized every wgmma, C7512, also with
 // both products waited for before the softmax), so each runs a tile's products one after
-// the other (tiles_in_turn) and the other two warpgroups' softmaxes fill the gaps.
-XLA_ATTN_HOST_DEVICE constexpr bool overlaps_products(int wgs, int eb, int d) {
-  return !(eb == 1 && wgs == 3 && d > 64);
+// the other (tiles_in_turn) and the other two warpgroups' softmaxes fill the gaps. fp8
+// d64 (O 32 registers) can; H100, same run, against tiles_in_turn: one block an item S =
+// 4096 full +8 %, 8192 causal +8 %, 16384 +10 %; the walk (fwd_sm90_walk.cuh) S = 512
+// -5.5 / -7.6 % (full / causal), 1024 -0.6 / -2.8 %, 2048 +1.4 / -2.2 %, so the walk
+// keeps its tiles in turn.
+XLA_ATTN_HOST_DEVICE constexpr bool overlaps_products(int wgs, int eb, int d, bool walk) {
+  return !(eb == 1 && wgs == 3 && (d > 64 || walk));
 }
 
 // A tile's softmax after an item's first against the running max as it stands, without
