@@ -181,12 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.op == "fwd_bwd" and any(dt == "fp8" for dt, *_ in configs):
         p.error("--op fwd_bwd: the fp8 forward has no backward")
     rounds = {w: [] for w in args.wheels}
-    for _ in range(args.rounds):
+    for i in range(args.rounds):
         for w in args.wheels:
             rounds[w].append(run_wheel(w, configs, args.op, args.tokens))
+            # each round as it ends, so that a run cut short still leaves its numbers
+            got = " ".join(f"{k}={t:.4g}" for k, (t, _) in rounds[w][-1].items())
+            print(f"round {i + 1} {w}: {got}", flush=True)
+            if args.json:
+                pathlib.Path(args.json).write_text(json.dumps(rounds, indent=1))
     print(table(args.wheels, rounds))
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(rounds, indent=1))
     return 0
 
 

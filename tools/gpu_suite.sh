@@ -4,11 +4,11 @@
 # info, check, the GPU tests, memcheck and racecheck over our kernels, and the
 # benchmark. Logs go to OUT_DIR.
 #   tools/gpu_suite.sh dist/xla_attn_cu12-*.whl OUT_DIR [STEPS]
-# STEPS: any of info,check,tests,memcheck,racecheck,bench (default: all).
+# STEPS: any of info,check,tests,memcheck,racecheck,synccheck,bench (default: all).
 set -uo pipefail
 wheel=$1
 out=${2:-gpu-results}
-steps=${3:-info,check,tests,memcheck,racecheck,bench}
+steps=${3:-info,check,tests,memcheck,racecheck,synccheck,bench}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 site=$(mktemp -d)
@@ -41,6 +41,10 @@ step tests python3 -m pytest -q -p no:cacheprovider --maxfail=30 -rs tests/gpu
 step memcheck "${sanitize[@]}" --tool memcheck python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$subset"
 step racecheck "${sanitize[@]}" --tool racecheck --racecheck-report analysis \
   python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$subset and not cache"
+# synccheck over the NaN-tail tests, which walk the Hopper kernels' every barrier path
+# (a named barrier reached from two places as bar.sync showed there; wgmma_sm90.cuh).
+step synccheck "${sanitize[@]}" --tool synccheck python3 -m pytest -q -p no:cacheprovider \
+  tests/gpu -k "nan_tails"
 step bench python3 tools/bench.py --json "$out/bench.json" --plot "$out/bench.png" \
   --markdown "$out/bench.md" --time-limit "${BENCH_TIME_LIMIT:-240}"
 echo "gpu suite status: $status"

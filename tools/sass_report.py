@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sm", default="90", help="ptxas real arch (default 90)")
     parser.add_argument("--kernel", default="", help="regex on kernel names")
     parser.add_argument("--near", type=int, default=6, help="LDSM-to-HMMA distance (default 6)")
+    parser.add_argument("--dump", help="also write the whole SASS (cuobjdump -sass) to this file, "
+                        "e.g. to find a sanitizer's kernel+offset")
     args = parser.parse_args(argv)
 
     modules = {m.name: m for m in bk.vt.MODULES}
@@ -142,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         tool, env = cuobjdump()
         sass = subprocess.run([tool, "-sass", str(cubin)], check=True, capture_output=True,
                               text=True, env=env).stdout
+    if args.dump:
+        pathlib.Path(args.dump).write_text(sass)
     info = ptxas_info(log.stdout + log.stderr)
     print(f"{args.module}: compute_{args.ptx_arch} PTX -> sm_{args.sm}")
     print(f"{'kernel':44} {'regs':>4} {'spill st/ld':>11} {'instr':>6} {'HMMA':>5} "

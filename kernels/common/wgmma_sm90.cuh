@@ -125,6 +125,14 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The same wait without .aligned: for a barrier that warps reach from different places in
+// the code (bar.sync is barrier.sync.aligned, which the PTX ISA leaves undefined unless
+// every thread executes the same instruction; compute-sanitizer's synccheck reports it as
+// "divergent threads"). The forward's V-tail meeting is reached from the tile loop by the
+// warpgroups that compute the last tile and from the passing loop by those that do not.
+__device__ __forceinline__ void named_barrier_unaligned(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

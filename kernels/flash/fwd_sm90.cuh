@@ -602,7 +602,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
           }
         }
         sm90::fence_proxy_async_shared();
-        sm90::named_barrier(1, kConsumers);
+        sm90::named_barrier_unaligned(1, kConsumers);  // reached from two loops
       }
     };
     // O += P V_j, issued once V_j (fp8: its V^T tile) is there (issue_pv_on)
