@@ -500,17 +500,20 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       };
       // The tiles this warpgroup computes (warpgroup_tiles), then the rest passed: waited
       // for and released, the last one's V tail zeroed with the other warpgroups (they
-      // meet there). Not with ping-pong (every tile takes turns) nor in fp8's walk: its
-      // consumers (160 registers) spilled 220 bytes, 59 local loads and stores in the
+      // meet there). Not with ping-pong (every tile takes turns) nor in fp8 d128's walk:
+      // its consumers (160 registers) spilled 220 bytes, 59 local loads and stores in the
       // tile loop, computing the bound (84 with it handed over opaque; the one block an
-      // item kernel, past the walk's 2048 rows, passes them: fwd_sm90.cuh).
-      constexpr bool kPassesTiles = !kPingPong && !kFp8;
+      // item kernel, past the walk's 2048 rows, passes them: fwd_sm90.cuh). fp8 d64 (O 32
+      // registers smaller; spills as without, 16 bytes) passes them: H100, same run, best
+      // of 3, causal S = 512 / 1024 / 2048 +3.4 / +13 / +4.7 %, full S = 512 / 2048 (no tile
+      // to pass) -1.3 / -1.8 %.
+      constexpr bool kPassesTiles = !kPingPong && !(kFp8 && D > 64);
       const int wg_tiles =
           kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles) : tiles;
       constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, true);  // else tiles_in_turn
       if constexpr (!kOverlap) {
         tiles_in_turn(
-            tiles, s_flat, o_flat, issue_s, softmax_at_max,
+            wg_tiles, s_flat, o_flat, issue_s, softmax_at_max,
             [&](int j) { softmax(j, box_present(j)); },
             [&](int j) { release(bar(kEmptyK, (g0 + j) % kKRing)); },
             [&](int) { rescale_o(); to_p(); }, [&](int j) { zero_v_tail(j); issue_pv(j); },
@@ -562,7 +565,11 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           const int st = (g0 + j) % kKRing, sv = (g0 + j) % kPvRing;
           sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
           release(bar(kEmptyK, st));
-          sm90::mbar_wait(bar(kFullV, sv), parity(g0 + j, kVRing));  // 16-bit: kPassesTiles
+          if constexpr (kFp8) {  // its V^T tile
+            sm90::mbar_wait(bar(kFullVt, sv), parity(g0 + j, kVtRing));
+          } else {
+            sm90::mbar_wait(bar(kFullV, sv), parity(g0 + j, kVRing));
+          }
           release(bar(kEmptyV, sv));
         }
       }
