@@ -605,18 +605,19 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         sm90::named_barrier_unaligned(1, kConsumers);  // reached from two loops
       }
     };
-    // O += P V_j, issued once V_j (fp8: its V^T tile) is there (issue_pv_on)
-    auto issue_pv = [&](int j) {
+    // Tile j's P V operand, V_j (fp8: its V^T tile), waited for; its shared address
+    auto pv_tile = [&](int j) {
       const int st = j % kPvRing;
       if constexpr (kFp8) {
         sm90::mbar_wait(bar(kFullVt, st), parity(j, kVtRing));
-        issue_pv_on<T, D>(o_flat, pa, sVt + st * kVtBytes);
+        return sVt + st * kVtBytes;
       } else {
-        const uint32_t tV = sV + st * kKVBytes;
         sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
-        issue_pv_on<T, D>(o_flat, pa, tV);
+        return sV + st * kKVBytes;
       }
     };
+    // O += P V_j, issued once V_j is there (issue_pv_on)
+    auto issue_pv = [&](int j) { issue_pv_on<T, D>(o_flat, pa, pv_tile(j)); };
     // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is
     // handed back (corr, rescale) for after the P V product in flight.
     float corr[1][2];
@@ -774,11 +775,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         zero_v_tail(j);
         sm90::mbar_wait(bar(kFullK, j % kKRing), parity(j, kKRing));
         release(kEmptyK, j % kKRing);
-        if constexpr (kFp8) {
-          sm90::mbar_wait(bar(kFullVt, j % kPvRing), parity(j, kVtRing));
-        } else {
-          sm90::mbar_wait(bar(kFullV, j % kPvRing), parity(j, kVRing));
-        }
+        pv_tile(j);
         release(kEmptyV, j % kPvRing);
       }
     }
