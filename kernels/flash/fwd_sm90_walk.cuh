@@ -96,9 +96,20 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   // producer has waited for. Written with the Q copy instead, every field stayed live
   // across that wait, the producer (24 registers) spilled 80 bytes and fp8 lost 1.5 %.
   FwdBlock* const records = reinterpret_cast<FwdBlock*>(warp_valid);
-  static_assert(2 * kMaxQBuffers * sizeof(FwdBlock) <= size_t(valid_bytes(D)) &&
-                    barrier_bytes(kEB) % alignof(FwdBlock) == 0,
+  // fp8: beside the records, each consumer warpgroup's tiles of record r's item
+  // (warpgroup_tiles) at record_tiles[kWgs r + wg], located by the copying thread with
+  // the record, so that the consumers need not (kTilesInRecord, below).
+  int* const record_tiles = reinterpret_cast<int*>(records + kRecords);
+  static_assert(2 * kMaxQBuffers * (sizeof(FwdBlock) + kWgs * sizeof(int)) <=
+                        size_t(valid_bytes(D)) &&
+                    barrier_bytes(kEB) % alignof(FwdBlock) == 0 &&
+                    sizeof(FwdBlock) % alignof(int) == 0,
                 "the walk's item records exceed the valid-bytes slice");
+  // fp8's consumers (160 registers) take their warpgroup's tiles from the item's record:
+  // computing the bound themselves, fp8 d128's spilled 220 bytes, 59 local loads and
+  // stores in the tile loop; from the record, the kernel spills 40 / 48 bytes (36 / 36
+  // computing every tile), two local loads in the consumers' tile loop.
+  constexpr bool kTilesInRecord = kFp8;
   // Per Q buffer: q_full (its copy landed), q_empty (every consumer warp has written its
   // item's O out of it). Then per stage: full_k, full_v (the producer's copies landed),
   // empty_k, empty_v (both consumer warpgroups are done reading). K and V are released
@@ -277,7 +288,26 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         }
         const bool over = item >= a.items;
         const int qb = qi % kQBufs;
-        if (work) records[qi % kRecords] = blk;  // published by q_full's arrival (a release)
+        if (work) {  // published by q_full's arrival (a release)
+          records[qi % kRecords] = blk;
+          if constexpr (kTilesInRecord) {
+            // warpgroup_tiles from the item's key range: a warpgroup's last key is its
+            // last row's (the block's first key is its first row's); in the copying
+            // thread's 32 registers warpgroup_tiles itself spilled 44 bytes more.
+            const KeyTiles kt = key_tiles(blk);
+            const int rows = blk.s.num_q - blk.m0;
+#pragma unroll
+            for (int w = 0; w < kWgs; ++w) {
+              int hi = blk.win.right < 0 ? kt.n_hi
+                                          : int(min(int64_t(kt.n_hi),
+                                                    int64_t(blk.m0) + min(rows, 64 * w + 64) +
+                                                        blk.s.offset + blk.win.right));
+              hi = rows > 64 * w ? hi : kt.n_lo;
+              record_tiles[(qi % kRecords) * kWgs + w] =
+                  hi <= kt.n_lo ? 0 : (hi - kt.n_lo + kBlockN - 1) / kBlockN;
+            }
+          }
+        }
         if (threadIdx.x == 0) {
           if (qi >= kQBufs)
             sm90::mbar_wait</*kParked=*/true>(q_empty(qb), parity(qi - kQBufs, kQBufs));
@@ -352,9 +382,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       if (lane == 0) sm90::mbar_arrive(at);
     };
 
-    // Item blk's rows, its Q in buffer qb, its first tile the walk's g0-th; returns its
-    // tiles.
-    auto consume = [&](const FwdBlock& blk, int qb, int g0) {
+    // Item blk's rows, its Q in buffer qb, its first tile the walk's g0-th (fp8:
+    // own_tiles, its warpgroup's tiles, from its record); returns its tiles.
+    auto consume = [&](const FwdBlock& blk, int qb, int g0, int own_tiles) {
       const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd;
       const Sequence& s = blk.s;
       const Window& win = blk.win;
@@ -501,16 +531,16 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       };
       // The tiles this warpgroup computes (warpgroup_tiles), then the rest passed: waited
       // for and released, the last one's V tail zeroed with the other warpgroups (they
-      // meet there). Not with ping-pong (every tile takes turns) nor in fp8 d128's walk:
-      // its consumers (160 registers) spilled 220 bytes, 59 local loads and stores in the
-      // tile loop, computing the bound (84 with it handed over opaque; the one block an
-      // item kernel, past the walk's 2048 rows, passes them: fwd_sm90.cuh). fp8 d64 (O 32
-      // registers smaller; spills as without, 16 bytes) passes them: H100, same run, best
-      // of 3, causal S = 512 / 1024 / 2048 +3.4 / +13 / +4.7 %, full S = 512 / 2048 (no tile
-      // to pass) -1.3 / -1.8 %.
-      constexpr bool kPassesTiles = !kPingPong && !(kFp8 && D > 64);
-      const int wg_tiles =
-          kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles) : tiles;
+      // meet there). Not with ping-pong (every tile takes turns). H100, same run, best of
+      // 3: fp8 d64 (the bound computed here) causal S = 512 / 1024 / 2048 +3.4 / +13 /
+      // +4.7 %, full S = 512 / 2048 (no tile to pass) -1.3 / -1.8 %; then fp8 d128 with
+      // the bound from the record (kTilesInRecord) causal S = 512 / 1024 / 2048 +7.1 /
+      // +14.2 / +5.4 %, full S = 512 -0.8 %, and d64 from the record +2.3 / +2.0 % (causal
+      // S = 512 / 1024).
+      constexpr bool kPassesTiles = !kPingPong;
+      const int wg_tiles = kTilesInRecord ? own_tiles
+                           : kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles)
+                                          : tiles;
       constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, true);  // else tiles_in_turn
       if constexpr (!kOverlap) {
         tiles_in_turn(
@@ -589,7 +619,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       const bool work = is_padding(item) ? locate(item, blk, ct, kConsumers)
                                          : (blk = records[qi % kRecords], true);
       if (work) {
-        g0 = sm90::warp_uniform(g0 + consume(blk, qb, g0));
+        const int own_tiles =
+            kTilesInRecord ? sm90::warp_uniform(record_tiles[(qi % kRecords) * kWgs + wg]) : 0;
+        g0 = sm90::warp_uniform(g0 + consume(blk, qb, g0, own_tiles));
         // this warp's staging stores ordered before the copy engine's next writes to
         // the buffer (the async proxy)
         sm90::fence_proxy_async_shared();

@@ -404,31 +404,39 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
 
 
 @pytest.mark.parametrize("offset", [0, 64, -64, 21])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype,head_dim", [("bfloat16", 64), ("bfloat16", 128),
+                                            ("float8_e4m3fn", 64), ("float8_e4m3fn", 128)])
 def test_flash_forward_sm90_causal_diagonals(gpu_device, sm90_grid, rng, mk, monkeypatch,
-                                            head_dim, offset):
+                                            dtype, head_dim, offset):
     """The Hopper forward on causal rows whose last key tile a consumer warpgroup sees
     only part of: Lk = Lq (a block's first 64 rows see the diagonal tile's first half),
     Lk = Lq + 64 (one warpgroup sees none of its block's last tile, the other half of
     it), Lk = Lq - 64 (a sequence's first rows see no key), an odd offset; sequences
-    ending inside a tile's first and second halves, one of a single tile. At d64 (three
-    warpgroups past 512 rows) a warpgroup passes the tiles none of its rows sees
-    (fwd_sm90.cuh, warpgroup_tiles). Against the float64 reference, lse included."""
+    ending inside a tile's first and second halves, one of a single tile. A warpgroup
+    passes the tiles none of its rows sees at d64 (three warpgroups past 512 rows;
+    fwd_sm90.cuh, warpgroup_tiles) and at fp8 (three warpgroups, 192-row blocks: the walk's
+    transposing thread arrives for it, fwd_sm90_walk.cuh). Against the float64
+    reference, lse included."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
+    fp8 = dtype == "float8_e4m3fn"
     lens_q = [256, 300, 64, 1000, 129]
     lens_k = [max(1, n + offset) for n in lens_q]
     # 16 heads: enough blocks that no split of the keys is planned (the sm90 family
     # takes none; see test_flash_forward_sm90_rising_scores)
-    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "bfloat16", lens_q, lens_k, heads=16,
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=16,
                                            heads_k=4, head_dim=head_dim)
-    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, causal=True)
-    out, lse = jax.jit(lambda *a: xj.flash_attn_varlen(
-        *a, max(lens_q), max(lens_k), causal=True, return_softmax_lse=True))(
-        *_on(gpu_device, q, k, v, cu_q, cu_k))
+    scales = dict(q_descale=np.float32(0.5), k_descale=np.float32(0.25),
+                  v_descale=np.float32(2.0)) if fp8 else {}
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, causal=True,
+                                                 **scales)
+    names = list(scales)
+    out, lse = jax.jit(lambda q, k, v, cq, ck, *sc: xj.flash_attn_varlen(
+        q, k, v, cq, ck, max(lens_q), max(lens_k), causal=True, return_softmax_lse=True,
+        **dict(zip(names, sc))))(*_on(gpu_device, q, k, v, cu_q, cu_k, *scales.values()))
     assert np.isfinite(np.asarray(out, np.float32)).all()
-    ref.assert_attention_close(out, exp_out, "bfloat16", lse, exp_lse)
+    ref.assert_attention_close(out, exp_out, "fp8_p" if fp8 else dtype, lse, exp_lse)
 
 
 _FP8_MMA = dict(families="sm80", needs=_has_fp8_mma,
