@@ -96,20 +96,23 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   // producer has waited for. Written with the Q copy instead, every field stayed live
   // across that wait, the producer (24 registers) spilled 80 bytes and fp8 lost 1.5 %.
   FwdBlock* const records = reinterpret_cast<FwdBlock*>(warp_valid);
-  // fp8: beside the records, each consumer warpgroup's tiles of record r's item
+  // Beside the records, each consumer warpgroup's tiles of record r's item
   // (warpgroup_tiles) at record_tiles[kWgs r + wg], located by the copying thread with
-  // the record, so that the consumers need not (kTilesInRecord, below).
+  // the record where warpgroups pass the tiles their rows do not see (kPassesTiles,
+  // below).
   int* const record_tiles = reinterpret_cast<int*>(records + kRecords);
   static_assert(2 * kMaxQBuffers * (sizeof(FwdBlock) + kWgs * sizeof(int)) <=
                         size_t(valid_bytes(D)) &&
                     barrier_bytes(kEB) % alignof(FwdBlock) == 0 &&
                     sizeof(FwdBlock) % alignof(int) == 0,
                 "the walk's item records exceed the valid-bytes slice");
-  // fp8's consumers (160 registers) take their warpgroup's tiles from the item's record:
-  // computing the bound themselves, fp8 d128's spilled 220 bytes, 59 local loads and
-  // stores in the tile loop; from the record, the kernel spills 40 / 48 bytes (36 / 36
-  // computing every tile), two local loads in the consumers' tile loop.
-  constexpr bool kTilesInRecord = kFp8;
+  // The walks without ping-pong (three consumer warpgroups: bf16 d64's wide walk, fp8)
+  // pass them; their consumers (160 registers) take their warpgroup's tiles from the
+  // item's record. Computing the bound themselves, fp8 d128's spilled 220 bytes, 59 local
+  // loads and stores in the tile loop (so fp8 d128 computed every tile); from the
+  // record, the kernel spills 40 / 48 bytes (36 / 36 computing every tile), two local
+  // loads in the consumers' tile loop.
+  constexpr bool kPassesTiles = !ping_pong(kWgs, kEB);
   // Per Q buffer: q_full (its copy landed), q_empty (every consumer warp has written its
   // item's O out of it). Then per stage: full_k, full_v (the producer's copies landed),
   // empty_k, empty_v (both consumer warpgroups are done reading). K and V are released
@@ -290,7 +293,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         const int qb = qi % kQBufs;
         if (work) {  // published by q_full's arrival (a release)
           records[qi % kRecords] = blk;
-          if constexpr (kTilesInRecord) {
+          if constexpr (kPassesTiles) {
             // warpgroup_tiles from the item's key range: a warpgroup's last key is its
             // last row's (the block's first key is its first row's); in the copying
             // thread's 32 registers warpgroup_tiles itself spilled 44 bytes more.
@@ -529,18 +532,17 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       auto rescale_o = [&] {  // O's deferred rescale (softmax), once no product writes O
         if (rescale) scale_o_rows(o, corr);
       };
-      // The tiles this warpgroup computes (warpgroup_tiles), then the rest passed: waited
-      // for and released, the last one's V tail zeroed with the other warpgroups (they
-      // meet there). Not with ping-pong (every tile takes turns). H100, same run, best of
-      // 3: fp8 d64 (the bound computed here) causal S = 512 / 1024 / 2048 +3.4 / +13 /
-      // +4.7 %, full S = 512 / 2048 (no tile to pass) -1.3 / -1.8 %; then fp8 d128 with
-      // the bound from the record (kTilesInRecord) causal S = 512 / 1024 / 2048 +7.1 /
-      // +14.2 / +5.4 %, full S = 512 -0.8 %, and d64 from the record +2.3 / +2.0 % (causal
-      // S = 512 / 1024).
-      constexpr bool kPassesTiles = !kPingPong;
-      const int wg_tiles = kTilesInRecord ? own_tiles
-                           : kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles)
-                                          : tiles;
+      // The tiles this warpgroup computes (own_tiles, from the item's record), then the
+      // rest passed (kPassesTiles): waited for and released, the last one's V tail zeroed
+      // with the other warpgroups (they meet there). Not with ping-pong (every tile takes
+      // turns). H100, same run, best of 3: fp8 d64 (the bound computed by the consumers)
+      // causal S = 512 / 1024 / 2048 +3.4 / +13 / +4.7 %, full S = 512 / 2048 (no tile to
+      // pass) -1.3 / -1.8 %; then with the bound from the record, fp8 d128 causal S = 512 /
+      // 1024 / 2048 +7.1 / +14.2 / +5.4 %, full S = 512 -0.8 %; fp8 d64 causal S = 512 /
+      // 1024 +2.3 / +2.0 %; bf16 d64 (three warpgroups) full S = 1024 +2.7 %, causal S =
+      // 1024 / 2048 / 4096 +2.0 / -0.4 / +0.6 %.
+      static_assert(kPassesTiles == !kPingPong, "passing and turns exclude each other");
+      const int wg_tiles = kPassesTiles ? own_tiles : tiles;
       constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, true);  // else tiles_in_turn
       if constexpr (!kOverlap) {
         tiles_in_turn(
@@ -620,7 +622,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
                                          : (blk = records[qi % kRecords], true);
       if (work) {
         const int own_tiles =
-            kTilesInRecord ? sm90::warp_uniform(record_tiles[(qi % kRecords) * kWgs + wg]) : 0;
+            kPassesTiles ? sm90::warp_uniform(record_tiles[(qi % kRecords) * kWgs + wg]) : 0;
         g0 = sm90::warp_uniform(g0 + consume(blk, qb, g0, own_tiles));
         // this warp's staging stores ordered before the copy engine's next writes to
         // the buffer (the async proxy)
