@@ -294,9 +294,11 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         if (work) {  // published by q_full's arrival (a release)
           records[qi % kRecords] = blk;
           if constexpr (kPassesTiles) {
-            // warpgroup_tiles from the item's key range: a warpgroup's last key is its
-            // last row's (the block's first key is its first row's); in the copying
-            // thread's 32 registers warpgroup_tiles itself spilled 44 bytes more.
+            // warpgroup_tiles (fwd_sm90.cuh) from the item's key range: a warpgroup's
+            // last key is its last row's (the block's first key is its first row's);
+            // a count past the tiles its rows see is safe (they are masked). In the
+            // copying thread's registers (fp8: 32) warpgroup_tiles itself spilled 44
+            // bytes more.
             const KeyTiles kt = key_tiles(blk);
             const int rows = blk.s.num_q - blk.m0;
 #pragma unroll
@@ -385,8 +387,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       if (lane == 0) sm90::mbar_arrive(at);
     };
 
-    // Item blk's rows, its Q in buffer qb, its first tile the walk's g0-th (fp8:
-    // own_tiles, its warpgroup's tiles, from its record); returns its tiles.
+    // Item blk's rows, its Q in buffer qb, its first tile the walk's g0-th (own_tiles: its
+    // warpgroup's tiles from the item's record, where warpgroups pass tiles); returns its
+    // tiles.
     auto consume = [&](const FwdBlock& blk, int qb, int g0, int own_tiles) {
       const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd;
       const Sequence& s = blk.s;
