@@ -57,5 +57,16 @@ def test_count_gmma_takes_every_wgmma_kind():
     assert sr.count_gmma(ops) == 2
 
 
+def test_local_in_gmma_span_counts_spills_between_products():
+    ops = [sr.opcode(x) for x in ("STL [R1], R5 ;",                       # before: not counted
+                                  "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;",
+                                  "LDL R12, [R1+0x8] ;",
+                                  "@!P0 STL [R1+0x4], R3 ;",
+                                  "QGMMA.64x128x32.F32.E4M3.E4M3 R88, gdesc[UR24], RZ, !UPT ;",
+                                  "LDL.LU R2, [R1] ;")]                   # after: not counted
+    assert sr.local_in_gmma_span(ops) == 2
+    assert sr.local_in_gmma_span(["LDL", "STL", "HMMA"]) == 0  # no wgmma: no span
+
+
 def test_ptxas_info():
     assert sr.ptxas_info(PTXAS) == {"kern_a": (255, 40, 64), "kern_b": (96, 0, 0)}

@@ -6,7 +6,7 @@ The module is compiled as the build compiles it (NVRTC to PTX for --ptx-arch, pt
 cubin for --sm), then disassembled. Per kernel it prints: registers and spill bytes (ptxas
 -v), SASS instructions, HMMA, the HMMA whose A or B operand an LDSM wrote fewer than
 --near instructions earlier (such an mma stalls on shared memory), wgmma (GMMA), MUFU, local-memory
-loads and stores, and block barriers.
+loads and stores (all, and those between the first and last wgmma), and block barriers.
 
 Why this check exists: on 2026-11-23, ncu on an H100 traced most of the sm80 forward's
 gap to FA2 to two things, both visible in the SASS without a GPU. The S = Q K^T mma waited
@@ -87,6 +87,18 @@ def count_gmma(ops: list[str]) -> int:
     return sum(op.endswith("GMMA") for op in ops)
 
 
+def local_in_gmma_span(ops: list[str]) -> int:
+    """Local-memory loads and stores (spills) between a kernel's first and last wgmma:
+    the product loops' share of its spills. In a warp-specialized kernel the spill bytes
+    ptxas reports move with code in any branch (2026-11-27: four stores added to the
+    producer's copying thread took the fp8 walk's consumers from 9 local accesses to
+    34, 25 of them inside this span), so where they land is the number to watch."""
+    at = [i for i, op in enumerate(ops) if op.endswith("GMMA")]
+    if not at:
+        return 0
+    return sum(op in ("LDL", "STL") for op in ops[at[0]:at[-1] + 1])
+
+
 def near_hmma(instructions: list[str], near: int) -> int:
     """HMMA whose A or B register was written by an LDSM fewer than `near` instructions
     earlier (an LDSM .x4 writes 4 consecutive registers)."""
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     info = ptxas_info(log.stdout + log.stderr)
     print(f"{args.module}: compute_{args.ptx_arch} PTX -> sm_{args.sm}")
     print(f"{'kernel':44} {'regs':>4} {'spill st/ld':>11} {'instr':>6} {'HMMA':>5} "
-          f"{'near':>5} {'GMMA':>5} {'MUFU':>5} {'LDL/STL':>7} {'BAR':>4}")
+          f"{'near':>5} {'GMMA':>5} {'MUFU':>5} {'LDL/STL':>7} {'@GMMA':>5} {'BAR':>4}")
     for name, ins in sorted(kernels_of(sass).items()):
         if not re.search(args.kernel, name):
             continue
@@ -157,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         regs, st, ld = info.get(name, (0, 0, 0))
         print(f"{name:44} {regs:4} {f'{st}/{ld}':>11} {len(ins):6} {ops.count('HMMA'):5} "
               f"{near_hmma(ins, args.near):5} {count_gmma(ops):5} {ops.count('MUFU'):5} "
-              f"{ops.count('LDL') + ops.count('STL'):7} {ops.count('BAR'):4}")
+              f"{ops.count('LDL') + ops.count('STL'):7} {local_in_gmma_span(ops):5} "
+              f"{ops.count('BAR'):4}")
     return 0
 
 
