@@ -91,8 +91,9 @@ def local_in_gmma_span(ops: list[str]) -> int:
     """Local-memory loads and stores (spills) between a kernel's first and last wgmma:
     the product loops' share of its spills. In a warp-specialized kernel the spill bytes
     ptxas reports move with code in any branch (2026-11-27: four stores added to the
-    producer's copying thread took the fp8 walk's consumers from 9 local accesses to
-    34, 25 of them inside this span), so where they land is the number to watch."""
+    producer's copying thread took the fp8 d128 walk's consumers from 9 local accesses
+    to 34, their own code unchanged; one variant put 25 inside this span, against 1 on
+    main), so where they land is the number to watch."""
     at = [i for i, op in enumerate(ops) if op.endswith("GMMA")]
     if not at:
         return 0
