@@ -82,9 +82,13 @@ def kernels_of(sass: str) -> dict[str, list[str]]:
     return out
 
 
-def count_gmma(ops: list[str]) -> int:
+def is_gmma(op: str) -> bool:
     """Hopper's warpgroup products (wgmma): HGMMA (16-bit), QGMMA (fp8), IGMMA, BGMMA."""
-    return sum(op.endswith("GMMA") for op in ops)
+    return op.endswith("GMMA")
+
+
+def count_gmma(ops: list[str]) -> int:
+    return sum(map(is_gmma, ops))
 
 
 def local_in_gmma_span(ops: list[str]) -> int:
@@ -94,7 +98,7 @@ def local_in_gmma_span(ops: list[str]) -> int:
     producer's copying thread took the fp8 d128 walk's consumers from 9 local accesses
     to 34, their own code unchanged; one variant put 25 inside this span, against 1 on
     main), so where they land is the number to watch."""
-    at = [i for i, op in enumerate(ops) if op.endswith("GMMA")]
+    at = [i for i, op in enumerate(ops) if is_gmma(op)]
     if not at:
         return 0
     return sum(op in ("LDL", "STL") for op in ops[at[0]:at[-1] + 1])

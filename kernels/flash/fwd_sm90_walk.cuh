@@ -96,11 +96,12 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   // producer has waited for. Written with the Q copy instead, every field stayed live
   // across that wait, the producer (24 registers) spilled 80 bytes and fp8 lost 1.5 %.
   FwdBlock* const records = reinterpret_cast<FwdBlock*>(warp_valid);
-  // Beside the records, each consumer warpgroup's tiles of record r's item
-  // (warpgroup_tiles) at record_tiles[kWgs r + wg], located by the copying thread with
+  // Beside the records, each consumer warpgroup's tiles of item qi (warpgroup_tiles) at
+  // wg_tiles_of(qi)[wg], located by the copying thread with
   // the record where warpgroups pass the tiles their rows do not see (kPassesTiles,
   // below).
   int* const record_tiles = reinterpret_cast<int*>(records + kRecords);
+  auto wg_tiles_of = [&](int qi) { return record_tiles + (qi % kRecords) * kWgs; };
   static_assert(2 * kMaxQBuffers * (sizeof(FwdBlock) + kWgs * sizeof(int)) <=
                         size_t(valid_bytes(D)) &&
                     barrier_bytes(kEB) % alignof(FwdBlock) == 0 &&
@@ -308,8 +309,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
                                                     int64_t(blk.m0) + min(rows, 64 * w + 64) +
                                                         blk.s.offset + blk.win.right));
               hi = rows > 64 * w ? hi : kt.n_lo;
-              record_tiles[(qi % kRecords) * kWgs + w] =
-                  hi <= kt.n_lo ? 0 : (hi - kt.n_lo + kBlockN - 1) / kBlockN;
+              wg_tiles_of(qi)[w] = hi <= kt.n_lo ? 0 : (hi - kt.n_lo + kBlockN - 1) / kBlockN;
             }
           }
         }
@@ -544,7 +544,6 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       // 1024 / 2048 +7.1 / +14.2 / +5.4 %, full S = 512 -0.8 %; fp8 d64 causal S = 512 /
       // 1024 +2.3 / +2.0 %; bf16 d64 (three warpgroups) full S = 1024 +2.7 %, causal S =
       // 1024 / 2048 / 4096 +2.0 / -0.4 / +0.6 %.
-      static_assert(kPassesTiles == !kPingPong, "passing and turns exclude each other");
       const int wg_tiles = kPassesTiles ? own_tiles : tiles;
       constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, true);  // else tiles_in_turn
       if constexpr (!kOverlap) {
@@ -625,7 +624,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
                                          : (blk = records[qi % kRecords], true);
       if (work) {
         const int own_tiles =
-            kPassesTiles ? sm90::warp_uniform(record_tiles[(qi % kRecords) * kWgs + wg]) : 0;
+            kPassesTiles ? sm90::warp_uniform(wg_tiles_of(qi)[wg]) : 0;
         g0 = sm90::warp_uniform(g0 + consume(blk, qb, g0, own_tiles));
         // this warp's staging stores ordered before the copy engine's next writes to
         // the buffer (the async proxy)

@@ -414,9 +414,9 @@ def test_flash_forward_sm90_causal_diagonals(gpu_device, sm90_grid, rng, mk, mon
     it), Lk = Lq - 64 (a sequence's first rows see no key), an odd offset; sequences
     ending inside a tile's first and second halves, one of a single tile. A warpgroup
     passes the tiles none of its rows sees at d64 (three warpgroups past 512 rows;
-    fwd_sm90.cuh, warpgroup_tiles) and at fp8 (three warpgroups, 192-row blocks: the walk's
-    transposing thread arrives for it, fwd_sm90_walk.cuh). Against the float64
-    reference, lse included."""
+    fwd_sm90.cuh, warpgroup_tiles) and at fp8 (three warpgroups, 192-row blocks; in the
+    walk each warpgroup's tile count comes from the item's record, fwd_sm90_walk.cuh).
+    Against the float64 reference, lse included."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
