@@ -55,3 +55,23 @@ def test_child_times_and_checks_the_installed_package(op):
     assert set(got) == {"bf16 d64 S64 causal", "bf16 d128 S128 full", "bf16 d64 varlen causal"}
     for tflops, err in got.values():
         assert tflops > 0 and 0 < err < 2e-2
+
+
+def test_time_limit_stops_before_a_process_that_would_overrun(monkeypatch, tmp_path, capsys):
+    """--time-limit: no wheel's process starts once the time spent plus the longest one so
+    far passes the limit; the table then covers the rounds run (here 100 s a process on a
+    fake clock: rounds 1 of both wheels and round 2 of the first fit 330 s)."""
+    clock = [0.0]
+    monkeypatch.setattr(ab.time, "monotonic", lambda: clock[0])
+
+    def fake_run(w, configs, op, tokens):
+        clock[0] += 100.0
+        return {"bf16 d128 S512 full": (400.0 if w == "a" else 440.0, 2e-3)}
+
+    monkeypatch.setattr(ab, "run_wheel", fake_run)
+    out_json = tmp_path / "r.json"
+    assert ab.main(["a", "b", "--rounds", "3", "--time-limit", "330", "--configs",
+                    "bf16:128:512", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "stopped before round 2 of b" in out and out.rstrip().endswith("1.100")
+    assert [len(r) for r in json.loads(out_json.read_text()).values()] == [2, 1]

@@ -4,7 +4,7 @@ process (installed into a temporary folder, nothing else changed), rounds altern
 between the wheels so that clock drift falls on all of them alike.
 
   python3 tools/ab_wheels.py dist/base dist/try1 dist/try2 [--configs bf16:128:512:causal,...]
-      [--op fwd|fwd_bwd] [--rounds 2] [--tokens 16384] [--json out.json]
+      [--op fwd|fwd_bwd] [--rounds 2] [--tokens 16384] [--json out.json] [--time-limit S]
 
 A wheel argument is a .whl file or a folder holding one; a folder may hold an env.json
 whose variables its process gets (e.g. {"XLA_ATTN_SM90_BLOCKS": "132"} to time the same
@@ -27,6 +27,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import time
 
 VARLEN_SEQS = 16  # the varlen row's sequences, as tools/bench.py's (sizes.varlen["n"])
 DEFAULT_CONFIGS = ("bf16:64:512:causal,bf16:64:2048,bf16:128:512,bf16:128:512:causal,"
@@ -173,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--tokens", type=int, default=16384, help="batch x seqlen of every shape")
     p.add_argument("--json", help="write every round's numbers here")
+    p.add_argument("--time-limit", type=float, default=0.0,
+                   help="seconds: start no wheel's process that would likely end past them "
+                   "(the longest one so far as the estimate), then print the table of the "
+                   "rounds run (a timeout around the run would take the table with it)")
     args = p.parse_args(argv)
     try:
         configs = parse_configs(args.configs, args.tokens)
@@ -181,14 +186,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.op == "fwd_bwd" and any(dt == "fp8" for dt, *_ in configs):
         p.error("--op fwd_bwd: the fp8 forward has no backward")
     rounds = {w: [] for w in args.wheels}
-    for i in range(args.rounds):
-        for w in args.wheels:
-            rounds[w].append(run_wheel(w, configs, args.op, args.tokens))
-            # each round as it ends, so that a run cut short still leaves its numbers
-            got = " ".join(f"{k}={t:.4g}" for k, (t, _) in rounds[w][-1].items())
-            print(f"round {i + 1} {w}: {got}", flush=True)
-            if args.json:
-                pathlib.Path(args.json).write_text(json.dumps(rounds, indent=1))
+    start, longest = time.monotonic(), 0.0
+    for i, w in ((i, w) for i in range(args.rounds) for w in args.wheels):
+        if args.time_limit and time.monotonic() - start + longest > args.time_limit:
+            print(f"ab_wheels: stopped before round {i + 1} of {w}: --time-limit "
+                  f"{args.time_limit:g} s", flush=True)
+            break
+        t0 = time.monotonic()
+        rounds[w].append(run_wheel(w, configs, args.op, args.tokens))
+        longest = max(longest, time.monotonic() - t0)
+        # each round as it ends, so that a run cut short still leaves its numbers
+        got = " ".join(f"{k}={t:.4g}" for k, (t, _) in rounds[w][-1].items())
+        print(f"round {i + 1} {w}: {got}", flush=True)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(rounds, indent=1))
     print(table(args.wheels, rounds))
     return 0
 
