@@ -70,6 +70,15 @@ FLASH_CASES = [
      "flash_attn_varlen: max_seqlen_q must be a Python int, got float"),
     ("descale on non-fp8", dict(q_descale=jnp.ones((), jnp.float32)), ValueError,
      "flash_attn_varlen: q_descale applies to float8_e4m3fn inputs only (q is float32)"),
+    ("no heads", dict(q=jnp.ones((10, 0, 32)), k=jnp.ones((12, 0, 32)), v=jnp.ones((12, 0, 32))),
+     ValueError, "flash_attn_varlen: num_heads and num_heads_k must be >= 1, got 0 and 0"),
+    ("window past int32", dict(window_size=(2**31, 0)), ValueError,
+     "flash_attn_varlen: window_size must be < 2**31 each, got (2147483648, 0)"),
+    ("max_seqlen past int32", dict(max_seqlen_k=2**31), ValueError,
+     "flash_attn_varlen: max_seqlen_k must be < 2**31, got 2147483648"),
+    ("paged block_size 0", dict(k=jnp.ones((4, 0, 2, 32)), v=jnp.ones((4, 0, 2, 32)),
+                                block_table=jnp.zeros((2, 2), jnp.int32)), ValueError,
+     "flash_attn_varlen: k's block_size must be >= 1, got 0"),
 ]
 
 
@@ -119,6 +128,9 @@ CACHE_CASES = [
      "(2, 32)"),
     ("scale shape", dict(k_scale=jnp.ones((2,), jnp.float32)), ValueError,
      "reshape_and_cache_flash: k_scale must have shape () or (1,), got (2,)"),
+    ("block_size 0", dict(key_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16),
+                          value_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16)), ValueError,
+     "reshape_and_cache_flash: key_cache's block_size must be >= 1, got 0"),
 ]
 
 
@@ -143,6 +155,17 @@ PAGED_CASES = [
     ("num_seqs dtype", dict(num_seqs=jnp.array(1, jnp.int64 if jax.config.x64_enabled
                                                else jnp.float32)), TypeError,
      "paged_attention: num_seqs must be int32, got float32"),
+    # no heads: a ZeroDivisionError from the check itself before
+    ("no heads", dict(query=jnp.ones((3, 0, 32), jnp.bfloat16),
+                      key_cache=jnp.ones((4, 16, 0, 32), jnp.bfloat16),
+                      value_cache=jnp.ones((4, 16, 0, 32), jnp.bfloat16)), ValueError,
+     "paged_attention: num_heads and num_heads_k must be >= 1, got 0 and 0"),
+    # past int32: the custom call's handler refused it (XlaRuntimeError) before
+    ("sliding_window past int32", dict(sliding_window=2**40), ValueError,
+     "paged_attention: sliding_window must be < 2**31, got 1099511627776"),
+    ("block_size 0", dict(key_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16),
+                          value_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16)), ValueError,
+     "paged_attention: key_cache's block_size must be >= 1, got 0"),
 ]
 
 

@@ -61,10 +61,18 @@ class _Check:
         self.dtype(name, x, (dtype,))
 
     def static_int(self, name: str, value, minimum: int) -> int:
+        """A Python int >= minimum that the native attributes hold (int32)."""
         self.type(isinstance(value, int) and not isinstance(value, bool),
                   f"{name} must be a Python int, got {type(value).__name__}")
         self.value(value >= minimum, f"{name} must be >= {minimum}, got {value}")
+        self.value(value < 2**31, f"{name} must be < 2**31, got {value}")
         return value
+
+    def heads(self, num_heads: int, num_heads_k: int) -> None:
+        self.value(num_heads >= 1 and num_heads_k >= 1,
+                   f"num_heads and num_heads_k must be >= 1, got {num_heads} and {num_heads_k}")
+        self.value(num_heads % num_heads_k == 0,
+                   f"num_heads ({num_heads}) must be a multiple of num_heads_k ({num_heads_k})")
 
 
 def _one_of(names: tuple[str, ...]) -> str:
@@ -85,6 +93,7 @@ def _window(c: _Check, window_size, causal: bool) -> tuple[int, int]:
     ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
           and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
     c.value(ok, f"window_size must be a pair of ints >= -1 (-1 = unbounded), got {window_size!r}")
+    c.value(max(window_size) < 2**31, f"window_size must be < 2**31 each, got {window_size!r}")
     left, right = window_size
     c.type(isinstance(causal, bool), f"causal must be a bool, got {type(causal).__name__}")
     if causal:
@@ -124,6 +133,7 @@ def flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     paged = block_table is not None
     if paged:
         ks = c.rank("k", k, 4, "(num_blocks, block_size, num_heads_k, head_dim) with block_table")
+        c.value(ks[1] >= 1, f"k's block_size must be >= 1, got {ks[1]}")
         total_k = ks[0] * ks[1]
     else:
         ks = c.rank("k", k, 3, "(total_k, num_heads_k, head_dim)")
@@ -137,8 +147,7 @@ def flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     c.value(ks[-1] == head_dim, f"k's head_dim ({ks[-1]}) must equal q's ({head_dim})")
     c.value(1 <= head_dim <= MAX_HEAD_DIM,
             f"head_dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
-    c.value(num_heads_k >= 1 and num_heads % num_heads_k == 0,
-            f"num_heads ({num_heads}) must be a multiple of num_heads_k ({num_heads_k})")
+    c.heads(num_heads, num_heads_k)
 
     c.rank("cu_seqlens_q", cu_seqlens_q, 1, "(batch + 1,)")
     c.dtype("cu_seqlens_q", cu_seqlens_q, ("int32",))
@@ -229,6 +238,7 @@ def _cache_pair(c: _Check, key_cache, value_cache, allowed: tuple[str, ...]):
     cs = c.rank("key_cache", key_cache, 4, "(num_blocks, block_size, num_heads_k, head_dim)")
     c.value(shape(value_cache) == cs,
             f"value_cache must have key_cache's shape {cs}, got {shape(value_cache)}")
+    c.value(cs[1] >= 1, f"key_cache's block_size must be >= 1, got {cs[1]}")
     c.dtype("key_cache", key_cache, allowed)
     c.type(dtype_name(value_cache) == dtype_name(key_cache),
            f"value_cache must have key_cache's dtype {dtype_name(key_cache)}, "
@@ -250,8 +260,7 @@ def paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables, 
     c.value(cs[3] == head_dim, f"key_cache's head_dim ({cs[3]}) must equal query's ({head_dim})")
     c.value(1 <= head_dim <= MAX_HEAD_DIM,
             f"head_dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
-    c.value(num_heads % cs[2] == 0,
-            f"num_heads ({num_heads}) must be a multiple of num_heads_k ({cs[2]})")
+    c.heads(num_heads, cs[2])
     (n,) = c.rank("seq_lens", seq_lens, 1, "(num_seqs,)")
     c.dtype("seq_lens", seq_lens, ("int32",))
     bt = c.rank("block_tables", block_tables, 2, "(num_seqs, max_blocks_per_seq)")
@@ -273,7 +282,6 @@ def paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables, 
         c.dtype("alibi_slopes", alibi_slopes, ("float32",))
     window = 0 if sliding_window is None else c.static_int("sliding_window", sliding_window, 1)
     max_q = 0 if max_query_len is None else c.static_int("max_query_len", max_query_len, 1)
-    c.value(max_q < 2**31, f"max_query_len must be < 2**31, got {max_q}")
     cap = 0.0 if soft_cap is None else _float(c, "soft_cap", soft_cap, 0.0)
     fmt = _cache_format(c, kv_cache_dtype, key_cache, None)
     return PagedSpec(scale=_float(c, "scale", scale), soft_cap=cap, sliding_window=window,

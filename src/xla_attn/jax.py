@@ -503,6 +503,9 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     `flash_attn_varlen_func`). q `(total_q, H, D)`; k, v `(total_k, Hk, D)` or, with
     `block_table`, a paged cache `(num_blocks, block_size, Hk, D)`. Returns out like q
     (bf16 for fp8 q) and, if asked, softmax_lse `(H, total_q)` float32.
+    max_seqlen_q / max_seqlen_k (default total_q / total_k) bound every sequence's query
+    and key count, as in flash-attn: they size the GPU launch, so rows and keys past them
+    are not computed there (the Host computes every row).
     Differentiable in q, k, v when not paged and not fp8. The backward adds dq up with
     float atomics (its last bits may vary from run to run, as flash-attn's);
     `deterministic=True` takes the slower backward without them (bit-identical runs).
