@@ -67,7 +67,7 @@ FLASH_CASES = [
                               block_table=jnp.zeros((3, 2), jnp.int32)), ValueError,
      "flash_attn_varlen: block_table must have batch = 2 rows, got 3"),
     ("max_seqlen type", dict(max_seqlen_q=4.5), TypeError,
-     "flash_attn_varlen: max_seqlen_q must be a Python int, got float"),
+     "flash_attn_varlen: max_seqlen_q must be an int, got float"),
     ("descale on non-fp8", dict(q_descale=jnp.ones((), jnp.float32)), ValueError,
      "flash_attn_varlen: q_descale applies to float8_e4m3fn inputs only (q is float32)"),
     ("no heads", dict(q=jnp.ones((10, 0, 32)), k=jnp.ones((12, 0, 32)), v=jnp.ones((12, 0, 32))),
@@ -89,6 +89,24 @@ def test_flash_bad_input(case):
     with pytest.raises(error) as info:
         xla_attn.flash_attn_varlen(**args)
     assert str(info.value) == message
+
+
+def test_numpy_scalars_are_taken_as_static_arguments():
+    """Static arguments given as numpy scalars (np.int32 from `lens.max()`, np.float32,
+    np.bool_) give what the Python values give; an array (jax or numpy) in their place
+    is refused, naming its type."""
+    a = _valid(np.random.default_rng(3))
+    plain = xla_attn.flash_attn_varlen(**a, softmax_scale=0.25, causal=True, window_size=(3, 0))
+    a_np = a | dict(max_seqlen_q=np.int32(6), max_seqlen_k=np.int64(7))
+    got = xla_attn.flash_attn_varlen(**a_np, softmax_scale=np.float32(0.25), causal=np.bool_(True),
+                                     window_size=(np.int64(3), np.int32(0)))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(plain))
+    with pytest.raises(TypeError) as info:
+        xla_attn.flash_attn_varlen(**a, causal=np.array([True]))
+    assert str(info.value) == "flash_attn_varlen: causal must be a bool, got numpy.ndarray"
+    with pytest.raises(TypeError) as info:
+        xla_attn.flash_attn_varlen(**a, softmax_scale=jnp.float32(0.25))
+    assert str(info.value).startswith("flash_attn_varlen: softmax_scale must be a float, got ")
 
 
 def test_dense_rows_past_int32_offsets():

@@ -249,7 +249,7 @@ def test_max_query_len_below_a_span_is_an_error(rng, mk):
      "paged_attention: alibi_slopes must be a float32 array of shape (num_heads,), got list"),
     (dict(max_query_len=0), ValueError, "paged_attention: max_query_len must be >= 1, got 0"),
     (dict(max_query_len=True), TypeError,
-     "paged_attention: max_query_len must be a Python int, got bool"),
+     "paged_attention: max_query_len must be an int, got bool"),
     (dict(max_query_len=2**31), ValueError,
      "paged_attention: max_query_len must be < 2**31, got 2147483648"),
 ], ids=["alibi_shape", "alibi_dtype", "alibi_list", "max_query_len_0", "max_query_len_bool",

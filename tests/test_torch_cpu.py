@@ -484,7 +484,7 @@ def test_paged_alibi_and_max_query_len_errors():
     assert str(info.value) == "paged_attention: max_query_len must be >= 1, got 0"
     with pytest.raises(TypeError) as info:
         xt.paged_attention(*args, max_query_len=6.0)
-    assert str(info.value) == "paged_attention: max_query_len must be a Python int, got float"
+    assert str(info.value) == "paged_attention: max_query_len must be an int, got float"
     with pytest.raises(RuntimeError) as info:
         xt.paged_attention(*args, max_query_len=5)
     assert str(info.value) == ("paged_attention: sequence 1 has 6 queries (query_start_loc), "

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+
+import numpy as np
 
 MAX_HEAD_DIM = 256
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
@@ -28,6 +31,22 @@ def dtype_name(x) -> str:
 
 def shape(x) -> tuple[int, ...]:
     return tuple(int(d) for d in x.shape)
+
+
+# Static arguments (attributes of the custom call) as Python values: numpy scalars
+# (np.int32 from `lens.max()`, np.float32, np.bool_) are taken and converted; arrays,
+# jax or torch scalars included, are not (they may be traced).
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_bool(x) -> bool:
+    return isinstance(x, (bool, np.bool_))
+
+
+def _type_name(x) -> str:
+    return f"{type(x).__module__}.{type(x).__name__}" if type(x).__module__ == "numpy" \
+        else type(x).__name__
 
 
 class _Check:
@@ -61,12 +80,16 @@ class _Check:
         self.dtype(name, x, (dtype,))
 
     def static_int(self, name: str, value, minimum: int) -> int:
-        """A Python int >= minimum that the native attributes hold (int32)."""
-        self.type(isinstance(value, int) and not isinstance(value, bool),
-                  f"{name} must be a Python int, got {type(value).__name__}")
+        """An int >= minimum that the native attributes hold (int32)."""
+        self.type(_is_int(value), f"{name} must be an int, got {_type_name(value)}")
+        value = int(value)
         self.value(value >= minimum, f"{name} must be >= {minimum}, got {value}")
         self.value(value < 2**31, f"{name} must be < 2**31, got {value}")
         return value
+
+    def flag(self, name: str, value) -> bool:
+        self.type(_is_bool(value), f"{name} must be a bool, got {_type_name(value)}")
+        return bool(value)
 
     def heads(self, num_heads: int, num_heads_k: int) -> None:
         self.value(num_heads >= 1 and num_heads_k >= 1,
@@ -80,8 +103,8 @@ def _one_of(names: tuple[str, ...]) -> str:
 
 
 def _float(c: _Check, name: str, value, minimum: float | None = None) -> float:
-    c.type(isinstance(value, (int, float)) and not isinstance(value, bool),
-           f"{name} must be a Python float, got {type(value).__name__}")
+    c.type(isinstance(value, numbers.Real) and not isinstance(value, bool),
+           f"{name} must be a float, got {_type_name(value)}")
     value = float(value)
     c.value(math.isfinite(value), f"{name} must be finite, got {value}")
     if minimum is not None:
@@ -91,14 +114,13 @@ def _float(c: _Check, name: str, value, minimum: float | None = None) -> float:
 
 def _window(c: _Check, window_size, causal: bool) -> tuple[int, int]:
     ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
-          and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
+          and all(_is_int(w) and w >= -1 for w in window_size))
     c.value(ok, f"window_size must be a pair of ints >= -1 (-1 = unbounded), got {window_size!r}")
-    c.value(max(window_size) < 2**31, f"window_size must be < 2**31 each, got {window_size!r}")
-    left, right = window_size
-    c.type(isinstance(causal, bool), f"causal must be a bool, got {type(causal).__name__}")
-    if causal:
+    left, right = (int(w) for w in window_size)
+    c.value(max(left, right) < 2**31, f"window_size must be < 2**31 each, got {window_size!r}")
+    if c.flag("causal", causal):
         right = 0  # causal is a window with no look-ahead (flash-attn's convention)
-    return int(left), int(right)
+    return left, right
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,8 +200,7 @@ def flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else _float(c, "softmax_scale",
                                                                           softmax_scale)
     left, right = _window(c, window_size, causal)
-    c.type(isinstance(deterministic, bool),
-           f"deterministic must be a bool, got {type(deterministic).__name__}")
+    deterministic = c.flag("deterministic", deterministic)
     return FlashSpec(softmax_scale=scale, softcap=_float(c, "softcap", softcap, 0.0),
                      window_left=left, window_right=right, max_seqlen_q=max_seqlen_q,
                      max_seqlen_k=max_seqlen_k, out_dtype="bfloat16" if fp8 else q_dtype,
