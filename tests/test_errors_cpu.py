@@ -70,6 +70,8 @@ FLASH_CASES = [
      "flash_attn_varlen: max_seqlen_q must be an int, got float"),
     ("descale on non-fp8", dict(q_descale=jnp.ones((), jnp.float32)), ValueError,
      "flash_attn_varlen: q_descale applies to float8_e4m3fn inputs only (q is float32)"),
+    ("cu_seqlens list", dict(cu_seqlens_q=[0, 4, 10]), TypeError,
+     "flash_attn_varlen: cu_seqlens_q must be an array, got list"),
     ("no heads", dict(q=jnp.ones((10, 0, 32)), k=jnp.ones((12, 0, 32)), v=jnp.ones((12, 0, 32))),
      ValueError, "flash_attn_varlen: num_heads and num_heads_k must be >= 1, got 0 and 0"),
     ("window past int32", dict(window_size=(2**31, 0)), ValueError,
@@ -149,6 +151,8 @@ CACHE_CASES = [
     ("block_size 0", dict(key_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16),
                           value_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16)), ValueError,
      "reshape_and_cache_flash: key_cache's block_size must be >= 1, got 0"),
+    ("slot_mapping tuple", dict(slot_mapping=(1, -1, 5)), TypeError,
+     "reshape_and_cache_flash: slot_mapping must be an array, got tuple"),
 ]
 
 
@@ -179,6 +183,8 @@ PAGED_CASES = [
                       value_cache=jnp.ones((4, 16, 0, 32), jnp.bfloat16)), ValueError,
      "paged_attention: num_heads and num_heads_k must be >= 1, got 0 and 0"),
     # past int32: the custom call's handler refused it (XlaRuntimeError) before
+    ("seq_lens list", dict(seq_lens=[5, 20]), TypeError,
+     "paged_attention: seq_lens must be an array, got list"),
     ("sliding_window past int32", dict(sliding_window=2**40), ValueError,
      "paged_attention: sliding_window must be < 2**31, got 1099511627776"),
     ("block_size 0", dict(key_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16),

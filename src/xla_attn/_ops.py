@@ -61,6 +61,12 @@ class _Check:
         if not ok:
             raise TypeError(f"{self.op}: {message}")
 
+    def arrays(self, **named) -> None:
+        """Each of these (None: absent) is an array: it has a shape and a dtype."""
+        for name, x in named.items():
+            self.type(x is None or (hasattr(x, "shape") and hasattr(x, "dtype")),
+                      f"{name} must be an array, got {_type_name(x)}")
+
     def rank(self, name: str, x, rank: int, layout: str) -> tuple[int, ...]:
         s = shape(x)
         self.value(len(s) == rank, f"{name} must have shape {layout}, got shape {s}")
@@ -151,6 +157,8 @@ def flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                       block_table, q_descale, k_descale, v_descale,
                       op: str = "flash_attn_varlen", deterministic: bool = False) -> FlashSpec:
     c = _Check(op)
+    c.arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+             alibi_slopes=alibi_slopes, seqused_k=seqused_k, block_table=block_table)
     total_q, num_heads, head_dim = c.rank("q", q, 3, "(total_q, num_heads, head_dim)")
     paged = block_table is not None
     if paged:
@@ -210,6 +218,7 @@ def flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 def flash_dense_check(q, k, v) -> tuple[int, int, int]:
     """(batch, seqlen_q, seqlen_k) of the dense layout; the rest is checked as varlen."""
     c = _Check("flash_attn")
+    c.arrays(q=q, k=k, v=v)
     b, sq, _, _ = c.rank("q", q, 4, "(batch, seqlen_q, num_heads, head_dim)")
     ks = c.rank("k", k, 4, "(batch, seqlen_k, num_heads_k, head_dim)")
     c.value(ks[0] == b, f"k's batch ({ks[0]}) must equal q's ({b})")
@@ -275,6 +284,8 @@ def paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables, 
     sizes the GPU launch (a decode batch: 1). A bound below a real count is an error on
     the Host; on a GPU the rows of that sequence are NaN or left unwritten."""
     c = _Check("paged_attention")
+    c.arrays(query=query, key_cache=key_cache, value_cache=value_cache, seq_lens=seq_lens,
+             block_tables=block_tables, query_start_loc=query_start_loc)
     _, num_heads, head_dim = c.rank("query", query, 3, "(total_q, num_heads, head_dim)")
     q_dtype = c.dtype("query", query, FLOAT_DTYPES)
     cs = _cache_pair(c, key_cache, value_cache, (q_dtype, "uint8") + FP8_DTYPES)
@@ -313,6 +324,8 @@ def reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mappin
                      k_scale, v_scale) -> str:
     """Returns the normalised kv_cache_dtype attribute."""
     c = _Check("reshape_and_cache_flash")
+    c.arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+             slot_mapping=slot_mapping)
     ks = c.rank("key", key, 3, "(num_tokens, num_heads_k, head_dim)")
     c.value(shape(value) == ks, f"value must have key's shape {ks}, got {shape(value)}")
     src = c.dtype("key", key, FLOAT_DTYPES)
@@ -342,6 +355,7 @@ def segment_ids_check(q_segment_ids, kv_segment_ids, batch: int, seqlen_q: int, 
     c = _Check("flash_attn")
     c.value((q_segment_ids is None) == (kv_segment_ids is None),
             "q_segment_ids and kv_segment_ids must be given together")
+    c.arrays(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     c.value(shape(q_segment_ids) == (batch, seqlen_q),
             f"q_segment_ids must have shape (batch, seqlen_q) = ({batch}, {seqlen_q}), "
             f"got {shape(q_segment_ids)}")
