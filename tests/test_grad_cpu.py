@@ -205,3 +205,63 @@ def test_dense_grads_match_jax_nn(rng, mk):
                       argnums=(0, 1, 2))(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
     for a, b in zip(ours, theirs):
         assert ref.rel_error(a, b) < 1e-5
+
+
+LSE_CASES = {
+    "causal gqa": dict(causal=True),
+    "everything": dict(causal=True, window_size=(4, -1), softcap=3.0, alibi="bh"),
+    "empty and padding": dict(lens=([0, 4, 3], [3, 0, 5]), causal=True),
+}
+
+
+@pytest.mark.parametrize("with_out", [True, False], ids=["out and lse", "lse alone"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", LSE_CASES.values(), ids=LSE_CASES.keys())
+def test_varlen_grads_through_softmax_lse(rng, mk, dtype, case, with_out):
+    """A loss on softmax_lse (as ring attention merges blocks by it, or a z-loss) gets
+    its gradient: lse_i = log sum_j exp(s_ij) adds p_ij dlse_i to dS. Against the float64
+    backward with that term; rows without a key (lse = +inf) are kept out of the loss."""
+    case = dict(case)
+    lens_q, lens_k = case.pop("lens", ([3, 6, 1], [7, 6, 4]))
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, 4, 2, head_dim=32,
+                                           pad_q=2)
+    if case.pop("alibi", None):
+        case["alibi_slopes"] = mk.alibi(rng, len(lens_q), 4)
+    dout = mk.random_array(rng, q.shape, dtype) if with_out else np.zeros(q.shape, dtype)
+    w = rng.standard_normal((4, q.shape[0]))  # the loss's weights of lse
+    extra = {n: (jnp.asarray(x) if isinstance(x, np.ndarray) else x) for n, x in case.items()}
+    jcu_q, jcu_k, jd, jw = map(jnp.asarray, (cu_q, cu_k, dout, w))
+
+    def loss(q_, k_, v_):
+        out, lse = xla_attn.flash_attn_varlen(q_, k_, v_, jcu_q, jcu_k, max(lens_q), max(lens_k),
+                                              return_softmax_lse=True, **extra)
+        lse_term = jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * jw)
+        return lse_term + jnp.sum(out.astype(jnp.float32) * jd) if with_out else lse_term
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(jnp.asarray(q), jnp.asarray(k),
+                                                     jnp.asarray(v))
+    _, lse_ref = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, **case)
+    dlse = np.where(np.isfinite(lse_ref), w, 0.0)
+    want = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, None, dlse=dlse, **case)
+    check_grads([np.asarray(g) for g in got], want, dtype)
+    assert np.all(np.asarray(got[0], np.float64)[int(cu_q[-1]):] == 0)
+
+
+def test_dense_grads_through_softmax_lse(rng, mk):
+    """The same through the dense layout (softmax_lse (B, H, Sq))."""
+    q = mk.random_array(rng, (2, 5, 4, 32), "float32")
+    k = mk.random_array(rng, (2, 7, 2, 32), "float32")
+    v = mk.random_array(rng, (2, 7, 2, 32), "float32")
+    w = rng.standard_normal((2, 4, 5))
+
+    def loss(q_, k_, v_):
+        _, lse = xla_attn.flash_attn(q_, k_, v_, causal=True, return_softmax_lse=True)
+        return jnp.sum(lse * jnp.asarray(w))
+
+    got = jax.grad(loss, argnums=(0, 1, 2))(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
+    flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+    cu_q, cu_k = np.array([0, 5, 10], np.int32), np.array([0, 7, 14], np.int32)
+    dlse = w.transpose(1, 0, 2).reshape(4, 10)  # (B, H, Sq) -> (H, B * Sq)
+    want = ref.flash_attn_varlen_bwd_ref(np.zeros(flat(q).shape), flat(q), flat(k), flat(v),
+                                         cu_q, cu_k, None, causal=True, dlse=dlse)
+    check_grads([np.asarray(g).reshape(-1, *g.shape[2:]) for g in got], want, "float32")

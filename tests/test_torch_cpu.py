@@ -137,18 +137,28 @@ def check_flash_dense(rng, mk, device, dtype):
     assert torch.equal(only, out)
 
 
-def check_flash_grad(rng, mk, device, dtype, case, deterministic=False):
+def check_flash_grad(rng, mk, device, dtype, case, deterministic=False, with_lse=False):
+    """with_lse: the loss weighs softmax_lse too (rows without a key, lse = +inf, left out)."""
     a, t, kw = flash_case(rng, mk, device, dtype, case)
     for name in ("q", "k", "v"):
         t[name].requires_grad_(True)
     dout = mk.random_array(rng, a["q"].shape, dtype)
-    out = xt.flash_attn_varlen(**t, max_seqlen_q=10, max_seqlen_k=10,
-                               deterministic=deterministic, **kw)
-    out.backward(tt(dout, device))
+    out, lse = xt.flash_attn_varlen(**t, max_seqlen_q=10, max_seqlen_k=10,
+                                    deterministic=deterministic, return_softmax_lse=True, **kw)
+    dlse = None
+    if with_lse:
+        w = rng.standard_normal(tuple(lse.shape))
+        lse_ref = ref.flash_attn_varlen_ref(**a, softmax_scale=None, **kw)[1]
+        dlse = np.where(np.isfinite(lse_ref), w, 0.0)
+        loss = (out.float() * tt(dout, device).float()).sum() + (
+            torch.where(torch.isfinite(lse), lse, 0.0) * tt(w, device).float()).sum()
+        loss.backward()
+    else:
+        out.backward(tt(dout, device))
     grads_ref = ref.flash_attn_varlen_bwd_ref(dout, a["q"], a["k"], a["v"], a["cu_seqlens_q"],
                                               a["cu_seqlens_k"], None, **kw,
                                               alibi_slopes=a["alibi_slopes"],
-                                              seqused_k=a["seqused_k"])
+                                              seqused_k=a["seqused_k"], dlse=dlse)
     for name, g_ref in zip("qkv", grads_ref):
         g = t[name].grad
         assert g.dtype == t[name].dtype and g.shape == t[name].shape
@@ -191,6 +201,14 @@ def test_flash_dense(rng, mk, dtype):
 @pytest.mark.parametrize("case", GRAD_CASES)
 def test_flash_grad(rng, mk, dtype, case):
     check_flash_grad(rng, mk, "cpu", dtype, case)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", GRAD_CASES)
+def test_flash_grad_through_softmax_lse(rng, mk, dtype, case):
+    """softmax_lse is differentiable (as in xla_attn.jax): its cotangent adds p_ij dlse_i
+    to dS, against the float64 backward with that term."""
+    check_flash_grad(rng, mk, "cpu", dtype, case, with_lse=True)
 
 
 def test_flash_grad_deterministic(rng, mk):

@@ -27,6 +27,7 @@ from typing import Callable
 
 import jax
 from jax.custom_batching import custom_vmap
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.experimental.custom_partitioning import custom_partitioning
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -476,22 +477,45 @@ def _flash_diff(spec, dense, q, k, v, cu_q, cu_k, seqused_k, alibi):
     return _apply(_fwd_op(spec, dense, operands), *operands)
 
 
-def _flash_diff_fwd(spec, dense, q, k, v, cu_q, cu_k, seqused_k, alibi):
-    out, lse = _flash_diff(spec, dense, q, k, v, cu_q, cu_k, seqused_k, alibi)
+def _flash_diff_fwd(spec, dense, *primals):
+    # symbolic zeros (defvjp below): each primal comes wrapped, with whether it is perturbed
+    primals = tuple(x.value if isinstance(x, CustomVJPPrimal) else x for x in primals)
+    q, k, v, cu_q, cu_k, seqused_k, alibi = primals
+    out, lse = _flash_diff(spec, dense, *primals)
     return (out, lse), (q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi)
 
 
 def _flash_diff_bwd(spec, dense, residuals, cotangents):
     q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi = residuals
-    dout, _ = cotangents  # softmax_lse is an auxiliary output: not differentiated (as flash-attn)
-    operands = (dout, q, k, v, out, lse) + ((alibi,) if dense else (cu_q, cu_k, seqused_k, alibi))
-    dq, dk, dv = _apply(_bwd_op(spec, dense, operands), *operands)
+    dout, dlse = cotangents  # either may be a SymbolicZero: its output is not used
+
+    def backward(dout, v, out):
+        operands = (dout, q, k, v, out, lse) + ((alibi,) if dense else (cu_q, cu_k, seqused_k,
+                                                                          alibi))
+        return _apply(_bwd_op(spec, dense, operands), *operands)
+
+    grads = None if isinstance(dout, SymbolicZero) else backward(dout, v, out)
+    if not isinstance(dlse, SymbolicZero):
+        # softmax_lse_i = log sum_j exp(s_ij), so d lse_i / d s_ij = p_ij and its cotangent
+        # g_i adds p_ij g_i to dS_ij. The backward computes dS_ij = p_ij (dout_i . v_j -
+        # dout_i . out_i) (times softcap's derivative): one more call with dout_i = g_i e_0,
+        # every v_j = e_0 and out = 0 gives exactly p_ij g_i there; its dv is not a gradient.
+        g = jnp.swapaxes(dlse, -1, -2)  # (H, total_q) -> (total_q, H); dense (B, H, Sq) alike
+        dout_g = jnp.zeros(q.shape, q.dtype).at[..., 0].set(g.astype(q.dtype))
+        v_g = jnp.zeros(v.shape, v.dtype).at[..., 0].set(1)
+        dq_g, dk_g, _ = backward(dout_g, v_g, jnp.zeros(out.shape, out.dtype))
+        grads = ((dq_g, dk_g, jnp.zeros(v.shape, v.dtype)) if grads is None
+                 else (grads[0] + dq_g, grads[1] + dk_g, grads[2]))
+    if grads is None:
+        grads = tuple(jnp.zeros(x.shape, x.dtype) for x in (q, k, v))
+    dq, dk, dv = grads
     axes = _vma(dq)
     return (_cotangent(dq, q, axes), _cotangent(dk, k, axes), _cotangent(dv, v, axes),
             None, None, None, None)
 
 
-_flash_diff.defvjp(_flash_diff_fwd, _flash_diff_bwd)
+# symbolic zeros: a softmax_lse that no loss uses costs no second backward
+_flash_diff.defvjp(_flash_diff_fwd, _flash_diff_bwd, symbolic_zeros=True)
 
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
@@ -506,7 +530,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     max_seqlen_q / max_seqlen_k (default total_q / total_k) bound every sequence's query
     and key count, as in flash-attn: they size the GPU launch, so rows and keys past them
     are not computed there (the Host computes every row).
-    Differentiable in q, k, v when not paged and not fp8. The backward adds dq up with
+    Differentiable in q, k, v when not paged and not fp8, through out and softmax_lse
+    alike (a loss on softmax_lse costs a second backward pass). The backward adds dq up with
     float atomics (its last bits may vary from run to run, as flash-attn's);
     `deterministic=True` takes the slower backward without them (bit-identical runs).
 

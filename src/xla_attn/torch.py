@@ -184,20 +184,37 @@ def _flash_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
 def _flash_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, seqused_k, block_table, alibi, _, _, _, *attributes) = inputs
     out, lse = output
-    ctx.mark_non_differentiable(lse)  # an auxiliary output, as in flash-attn and xla_attn.jax
+    ctx.set_materialize_grads(False)  # an output no loss uses arrives as None: no work for it
     ctx.unsupported = block_table is not None or _ops.dtype_name(q) == _FP8_E4M3
     ctx.attributes = tuple(attributes)
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi)
 
 
-def _flash_backward(ctx, dout, _dlse):
+def _flash_backward(ctx, dout, dlse):
     if ctx.unsupported:
         raise NotImplementedError("flash_attn_varlen: gradients are not available with "
                                   "block_table (paged K/V) or float8_e4m3fn inputs")
     q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi = ctx.saved_tensors
-    dq, dk, dv = torch.ops.xla_attn.flash_bwd(dout.to(q.dtype), q, k, v, out, lse, cu_q, cu_k,
-                                              seqused_k, alibi, *ctx.attributes)
-    return (dq, dk, dv) + (None,) * 15
+
+    def backward(dout, v, out):
+        return torch.ops.xla_attn.flash_bwd(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k,
+                                            alibi, *ctx.attributes)
+
+    grads = None if dout is None else backward(dout.to(q.dtype), v, out)
+    if dlse is not None:
+        # softmax_lse's cotangent, as xla_attn.jax's backward takes it (_flash_diff_bwd): one
+        # more backward with dout_i = dlse_i e_0, every v_j = e_0 and out = 0 adds p_ij
+        # dlse_i to dS_ij, which is what d lse_i / d s_ij = p_ij asks; its dv is discarded.
+        dout_g = torch.zeros_like(q)
+        dout_g[..., 0] = dlse.transpose(0, 1).to(q.dtype)
+        v_g = torch.zeros_like(v)
+        v_g[..., 0] = 1
+        dq_g, dk_g, _ = backward(dout_g, v_g, torch.zeros_like(out))
+        grads = ((dq_g, dk_g, torch.zeros_like(v)) if grads is None
+                 else (grads[0] + dq_g, grads[1] + dk_g, grads[2]))
+    if grads is None:
+        grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+    return tuple(grads) + (None,) * 15
 
 
 _flash_fwd.register_autograd(_flash_backward, setup_context=_flash_setup_context)
@@ -290,7 +307,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     `flash_attn_varlen_func`). q `(total_q, H, D)`; k, v `(total_k, Hk, D)` or, with
     `block_table`, a paged cache `(num_blocks, block_size, Hk, D)`. Returns out like q
     (bf16 for fp8 q) and, if asked, softmax_lse `(H, total_q)` float32.
-    Differentiable in q, k, v when not paged and not fp8. On CUDA the backward adds dq
+    Differentiable in q, k, v when not paged and not fp8, through out and softmax_lse
+    alike (a loss on softmax_lse costs a second backward pass). On CUDA the backward adds dq
     up with float atomics (its last bits may vary from run to run, as flash-attn's);
     `deterministic=True` takes the slower backward without them. On XLA devices the
     backward is always the deterministic one."""

@@ -141,12 +141,14 @@ def _sequence_forward(q, k, v, scale, left, right, softcap, slopes):
     return out, lse, dict(p=p, t=t, kh=kh, vh=vh, group=group)
 
 
-def _sequence_backward(dout, q, k, v, scale, left, right, softcap, slopes, out_dtype=None):
+def _sequence_backward(dout, q, k, v, scale, left, right, softcap, slopes, out_dtype=None,
+                       dlse=None):
     """Analytic gradient of one sequence: with P = softmax(S), O = P V,
     dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)); softcap's
     S = c tanh(U / c) gives dU = dS * (1 - tanh^2); U = scale * Q K^T.
     out_dtype (a numpy dtype): rowsum(P * dP) = rowsum(dO * O) taken with O rounded to it, as
-    a backward that reads the forward's stored output computes it (FA2's)."""
+    a backward that reads the forward's stored output computes it (FA2's).
+    dlse [H, lq]: a cotangent of lse too; lse_i = log sum_j exp(S_ij) adds P * dlse to dS."""
     _, _, cache = _sequence_forward(q, k, v, scale, left, right, softcap, slopes)
     p, kh, vh, group = cache["p"], cache["kh"], cache["vh"], cache["group"]
     dvh = np.einsum("hij,ihd->jhd", p, dout)
@@ -157,6 +159,8 @@ def _sequence_backward(dout, q, k, v, scale, left, right, softcap, slopes, out_d
         o = np.einsum("hij,jhd->ihd", p, vh).astype(out_dtype).astype(np.float64)
         delta = np.einsum("ihd,ihd->hi", dout, o)[..., None]
     ds = p * (dp - delta)
+    if dlse is not None:
+        ds = ds + p * np.asarray(dlse, np.float64)[..., None]
     du = ds * (1.0 - cache["t"] ** 2) if cache["t"] is not None else ds
     dq = scale * np.einsum("hij,jhd->ihd", du, kh)
     dkh = scale * np.einsum("hij,ihd->jhd", du, q)
@@ -216,9 +220,10 @@ def flash_attn_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, ca
 
 def flash_attn_varlen_bwd_ref(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale,
                               causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              seqused_k=None, out_dtype=None):
+                              seqused_k=None, out_dtype=None, dlse=None):
     """(dq, dk, dv) float64 shaped like q, k, v (not paged). Padding rows of q and keys
-    no sequence uses get zero gradients. out_dtype: see _sequence_backward."""
+    no sequence uses get zero gradients. out_dtype: see _sequence_backward. dlse (H,
+    total_q): the cotangent of softmax_lse as well (rows without a key must hold 0)."""
     qf, kf, vf, df = _f64(q), _f64(k), _f64(v), _f64(dout)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(qf.shape[-1])
@@ -230,7 +235,8 @@ def flash_attn_varlen_bwd_ref(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax
         qs = slice(cu_q[b], cu_q[b + 1])
         rows = _key_rows(b, cu_k, used, None, None)
         g = _sequence_backward(df[qs], qf[qs], kf[rows], vf[rows], float(softmax_scale), left,
-                               right, float(softcap), _slopes_for(alibi_slopes, b), out_dtype)
+                               right, float(softcap), _slopes_for(alibi_slopes, b), out_dtype,
+                               None if dlse is None else np.asarray(dlse)[:, qs])
         dq[qs] += g[0]
         np.add.at(dk, rows, g[1])
         np.add.at(dv, rows, g[2])
