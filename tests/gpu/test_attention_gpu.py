@@ -512,6 +512,40 @@ def test_flash_backward(family, gpu_device, rng, mk, dtype, head_dim, feature):
                     heads=4, heads_k=2)
 
 
+@pytest.mark.parametrize("feature", ["causal", "causal_window_softcap", "alibi_batch"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flash_backward_through_softmax_lse(family, gpu_device, rng, mk, head_dim, feature):
+    """A loss on out and on softmax_lse: lse's cotangent goes through a second backward
+    call (dout = dlse e_0, every v_j = e_0, out = 0: xla_attn.jax, _flash_diff_bwd) on each
+    family's backward, against the float64 reference with the p_ij dlse_i term; rows
+    without a key (lse = +inf) are kept out of the loss."""
+    dtype = "float32" if family == "portable" else "bfloat16"
+    _skip_outside(family, dtype)
+    lens_q, lens_k = [29, 0, 48, 3], [40, 6, 48, 1]
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=4, heads_k=2,
+                                           head_dim=head_dim, pad_q=2, pad_k=3)
+    dout = mk.random_array(rng, q.shape, dtype)
+    kw = _feature_kwargs(rng, mk, feature, 4, len(lens_q))
+    _, lse_ref = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, **kw)
+    w = rng.standard_normal(lse_ref.shape)
+    exp = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, None, **kw,
+                                        dlse=np.where(np.isfinite(lse_ref), w, 0.0))
+    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
+              for key, val in kw.items()}
+
+    def loss(q, k, v, cq, ck, do, w):
+        out, lse = xj.flash_attn_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k),
+                                        return_softmax_lse=True, **kw_dev)
+        return (jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32))
+                + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * w))
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(
+        *_on(gpu_device, q, k, v, cu_q, cu_k, dout, w))
+    for name, g, e in zip(("dq", "dk", "dv"), got, exp):
+        err = ref.rel_error(g, e)
+        assert err < ref.BOUNDS[dtype], f"{name}: {err:.3g}"
+
+
 @pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap", "alibi"])
 @pytest.mark.parametrize("head_dim", [20, 64, 96, 100, 128, 200, 256])
 def test_flash_backward_long(family, gpu_device, rng, mk, head_dim, feature):
