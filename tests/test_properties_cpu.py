@@ -89,12 +89,13 @@ def test_flash_varlen_paged_property(mk, cfg):
 # The example: one query row over two keys in bf16, where dS = P (dP - D) cancels and
 # D = dO . O from the bf16 output moved dq by 1.25 % against a reference taking D in
 # float64 (the reference now takes it from the rounded output, as the backward does).
+# with_lse: the loss weighs softmax_lse too (its rows without a key, lse = +inf, left out).
 @settings(**(SETTINGS | dict(max_examples=15)))
-@given(cfg=varlen_configs())
+@given(cfg=varlen_configs(), with_lse=st.booleans())
 @example(cfg=dict(lens_q=[1, 0], lens_k=[10, 0], heads=1, heads_k=1, head_dim=16, pad_q=0,
                   dtype="bfloat16", causal=False, window=(1, 0), softcap=0.0, alibi=None,
-                  scale=None, seed=0))
-def test_flash_varlen_grad_property(mk, cfg):
+                  scale=None, seed=0), with_lse=False)
+def test_flash_varlen_grad_property(mk, cfg, with_lse):
     if cfg["dtype"] == "float16":
         cfg = cfg | dict(dtype="float32")
     rng = np.random.default_rng(cfg["seed"])
@@ -105,16 +106,22 @@ def test_flash_varlen_grad_property(mk, cfg):
     kw = _kwargs(cfg, rng, mk)
     jd = jnp.asarray(dout).astype(jnp.float32)
     jcu_q, jcu_k = jnp.asarray(cu_q), jnp.asarray(cu_k)
+    dlse = None
+    if with_lse:
+        lse_ref = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, cfg["scale"], **kw)[1]
+        dlse = np.where(np.isfinite(lse_ref), rng.standard_normal(lse_ref.shape), 0.0)
+    jw = jnp.asarray(0.0 if dlse is None else dlse, jnp.float32)
 
     def loss(a, b, c):
-        out = xla_attn.flash_attn_varlen(a, b, c, jcu_q, jcu_k, max(cfg["lens_q"]),
-                                         max(cfg["lens_k"]), softmax_scale=cfg["scale"],
-                                         **_jax(kw))
-        return jnp.sum(out.astype(jnp.float32) * jd)
+        out, lse = xla_attn.flash_attn_varlen(a, b, c, jcu_q, jcu_k, max(cfg["lens_q"]),
+                                              max(cfg["lens_k"]), softmax_scale=cfg["scale"],
+                                              return_softmax_lse=True, **_jax(kw))
+        total = jnp.sum(out.astype(jnp.float32) * jd)
+        return total + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * jw) if with_lse else total
 
     got = jax.grad(loss, argnums=(0, 1, 2))(*map(jnp.asarray, (q, k, v)))
     want = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, cfg["scale"],
-                                         out_dtype=mk.np_dtype(cfg["dtype"]), **kw)
+                                         out_dtype=mk.np_dtype(cfg["dtype"]), dlse=dlse, **kw)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         err = ref.rel_error(np.asarray(g), w)
         assert err < ref.GRAD_BOUNDS[cfg["dtype"]], f"{name}: {err:.3g}"
