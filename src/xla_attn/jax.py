@@ -608,7 +608,7 @@ def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query
     prefill chunks). query `(total_q, H, D)`; caches `(num_blocks, block_size, Hk, D)`
     (float like query, float8, or uint8 with `kv_cache_dtype`); `num_seqs` an int32
     device scalar counting the real rows of a padded batch; `alibi_slopes` `(H,)`
-    float32; `max_query_len` a Python int bounding every sequence's query count (vLLM's
+    float32; `max_query_len` an int bounding every sequence's query count (vLLM's
     max_query_len: 1 for a decode batch, which then launches the decode kernel alone).
 
     Sharded under `jax.jit`: runs per shard when the query heads are split (the caches'

@@ -335,7 +335,7 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
     be one contiguous run, in the same order in q and kv (see `_ops`, "segment ids");
     causal masking is then per segment. CPU ids are checked on the host (ValueError);
     device ids are converted on the device without a sync, and ids that break the rule
-    give NaN outputs. `max_segments` (a Python int) bounds the segments per row
+    give NaN outputs. `max_segments` (an int) bounds the segments per row
     (default min(Sq, Sk)); a tight bound keeps the launch small on GPUs."""
     b, sq, sk = _ops.flash_dense_check(q, k, v)
     bad = None
@@ -369,7 +369,7 @@ def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query
     prefill chunks). query `(total_q, H, D)`; caches `(num_blocks, block_size, Hk, D)`
     (float like query, float8, or uint8 with `kv_cache_dtype`); `num_seqs` an int32
     device scalar counting the real rows of a padded batch; `alibi_slopes` `(H,)`
-    float32; `max_query_len` a Python int bounding every sequence's query count (1 for
+    float32; `max_query_len` an int bounding every sequence's query count (1 for
     a decode batch, which then launches the decode kernel alone)."""
     spec = _ops.paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables,
                                      query_start_loc, scale, sliding_window, soft_cap, k_scale,
