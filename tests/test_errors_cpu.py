@@ -182,9 +182,9 @@ PAGED_CASES = [
                       key_cache=jnp.ones((4, 16, 0, 32), jnp.bfloat16),
                       value_cache=jnp.ones((4, 16, 0, 32), jnp.bfloat16)), ValueError,
      "paged_attention: num_heads and num_heads_k must be >= 1, got 0 and 0"),
-    # past int32: the custom call's handler refused it (XlaRuntimeError) before
     ("seq_lens list", dict(seq_lens=[5, 20]), TypeError,
      "paged_attention: seq_lens must be an array, got list"),
+    # past int32: the custom call's handler refused it (XlaRuntimeError) before
     ("sliding_window past int32", dict(sliding_window=2**40), ValueError,
      "paged_attention: sliding_window must be < 2**31, got 1099511627776"),
     ("block_size 0", dict(key_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16),
