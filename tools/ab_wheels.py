@@ -21,6 +21,7 @@ comparison tool, not a benchmark of record: tools/bench.py is (peers, ceilings, 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import pathlib
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--op fwd_bwd: the fp8 forward has no backward")
     rounds = {w: [] for w in args.wheels}
     start, longest = time.monotonic(), 0.0
-    for i, w in ((i, w) for i in range(args.rounds) for w in args.wheels):
+    for i, w in itertools.product(range(args.rounds), args.wheels):
         if args.time_limit and time.monotonic() - start + longest > args.time_limit:
             print(f"ab_wheels: stopped before round {i + 1} of {w}: --time-limit "
                   f"{args.time_limit:g} s", flush=True)

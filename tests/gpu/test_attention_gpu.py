@@ -74,6 +74,12 @@ def _on(device, *arrays):
     return [None if a is None else jax.device_put(jnp.asarray(a), device) for a in arrays]
 
 
+def _kwargs_on(device, kw):
+    """Keyword arguments with their numpy arrays (ALiBi slopes) put on `device`."""
+    return {key: (jax.device_put(val, device) if isinstance(val, np.ndarray) else val)
+            for key, val in kw.items()}
+
+
 def _feature_kwargs(rng, mk, name, heads, batch):
     kw = dict(FEATURES[name])
     which = kw.pop("alibi", None)
@@ -95,8 +101,7 @@ def test_flash_forward(family, gpu_device, rng, mk, dtype, head_dim, feature):
     kw = _feature_kwargs(rng, mk, feature, 6, len(lens_q))
     exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, **kw)
     args = _on(gpu_device, q, k, v, cu_q, cu_k)
-    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
-              for key, val in kw.items()}
+    kw_dev = _kwargs_on(gpu_device, kw)
     out, lse = jax.jit(lambda *a: xj.flash_attn_varlen(*a, max(lens_q), max(lens_k),
                                                        return_softmax_lse=True, **kw_dev))(*args)
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
@@ -170,8 +175,7 @@ def test_flash_forward_sm90_nan_tails(gpu_device, sm90_grid, rng, mk, monkeypatc
     exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
                                                  **kw)
     args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused)
-    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
-              for key, val in kw.items()}
+    kw_dev = _kwargs_on(gpu_device, kw)
     out, lse = jax.jit(lambda q, k, v, cq, ck, su: xj.flash_attn_varlen(
         q, k, v, cq, ck, max_q, max_k, seqused_k=su, return_softmax_lse=True, **kw_dev))(*args)
     assert np.isfinite(np.asarray(out, np.float32)).all()
@@ -270,8 +274,7 @@ def test_flash_forward_paged_sm90(gpu_device, sm90_grid, rng, mk, monkeypatch, d
                   v_descale=np.float32(2.0))
     exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
                                                  block_table=table, **kw)
-    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
-              for key, val in kw.items()}
+    kw_dev = _kwargs_on(gpu_device, kw)
     args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused, table)
     out, lse = jax.jit(lambda q, k, v, cq, ck, su, bt: xj.flash_attn_varlen(
         q, k, v, cq, ck, max(lens_q), max(lens_k), seqused_k=su, block_table=bt,
@@ -344,8 +347,7 @@ def test_flash_forward_fp8_sm90(gpu_device, sm90_grid, rng, mk, monkeypatch, rec
     exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
                                                  q_descale=qd, k_descale=kd, v_descale=vd, **kw)
     args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused, qd, kd, vd)
-    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
-              for key, val in kw.items()}
+    kw_dev = _kwargs_on(gpu_device, kw)
     out, lse = jax.jit(lambda q, k, v, cq, ck, su, a, b, c: xj.flash_attn_varlen(
         q, k, v, cq, ck, max_q, max_k, seqused_k=su, q_descale=a, k_descale=b, v_descale=c,
         return_softmax_lse=True, **kw_dev))(*args)
@@ -450,8 +452,7 @@ def _fp8_sm89_case(gpu_device, q, k, v, cu_q, cu_k, seqused=None, **kw):
     qd, kd, vd = (np.float32(x) for x in (0.5, 0.25, 2.0))
     exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, seqused_k=seqused,
                                                  q_descale=qd, k_descale=kd, v_descale=vd, **kw)
-    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
-              for key, val in kw.items()}
+    kw_dev = _kwargs_on(gpu_device, kw)
     args = _on(gpu_device, q, k, v, cu_q, cu_k, seqused, qd, kd, vd)
     max_q, max_k = int(max(np.diff(cu_q))), int(max(np.diff(cu_k)))
     out, lse = jax.jit(lambda q, k, v, cq, ck, su, a, b, c: xj.flash_attn_varlen(
@@ -530,8 +531,7 @@ def test_flash_backward_through_softmax_lse(family, gpu_device, rng, mk, head_di
     w = rng.standard_normal(lse_ref.shape)
     exp = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, None, **kw,
                                         dlse=np.where(np.isfinite(lse_ref), w, 0.0))
-    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
-              for key, val in kw.items()}
+    kw_dev = _kwargs_on(gpu_device, kw)
 
     def loss(q, k, v, cq, ck, do, w):
         out, lse = xj.flash_attn_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k),
@@ -602,8 +602,7 @@ def _check_backward(device, rng, mk, dtype, head_dim, feature, lens_q, lens_k, h
     dout = mk.random_array(rng, q.shape, dtype)
     kw = _feature_kwargs(rng, mk, feature, heads, len(lens_q))
     exp = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, None, **kw)
-    kw_dev = {key: (jax.device_put(val, device) if isinstance(val, np.ndarray) else val)
-              for key, val in kw.items()}
+    kw_dev = _kwargs_on(device, kw)
 
     def grads(q, k, v, cq, ck, do):
         f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cq, ck, max(lens_q),  # noqa: E731
@@ -636,8 +635,7 @@ def test_flash_backward_sm90_nan_tails(gpu_device, rng, mk, monkeypatch, dtype, 
         gpu_device, rng, mk, monkeypatch, dtype, head_dim, "sm90,sm80")
     kw = _feature_kwargs(rng, mk, feature, 6, len(cu_q) - 1)
     exp = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, None, seqused_k=seqused, **kw)
-    kw_dev = {key: (jax.device_put(val, gpu_device) if isinstance(val, np.ndarray) else val)
-              for key, val in kw.items()}
+    kw_dev = _kwargs_on(gpu_device, kw)
 
     def grads(q, k, v, cq, ck, su, do):
         f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cq, ck, max_q,  # noqa: E731
