@@ -1,6 +1,8 @@
 """Bad input gives a clear error naming the argument and what was expected, and the
 process keeps working afterwards."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -343,6 +345,31 @@ def test_native_check_rejects_what_python_cannot_see():
         jax.block_until_ready(call(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],
                                    empty_i, empty_i, empty_f, empty_f, empty_f, empty_f,
                                    **spec_attrs))
+
+
+def test_native_check_refuses_a_misshapen_dlse():
+    """xla_attn_flash_bwd_v3's dlse operand (softmax_lse's cotangent) is checked by the
+    handler like softmax_lse: [num_heads, total_q] float32, or empty for none."""
+    from xla_attn import jax as xj
+
+    a = _valid(np.random.default_rng(3))
+    q, k = a["q"], a["k"]
+    xj._register()
+    call = jax.ffi.ffi_call("xla_attn_flash_bwd_v3",
+                            tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q, k, k))
+                            + (jax.ShapeDtypeStruct((0,), jnp.uint8),), vmap_method="sequential")
+    empty_i, empty_f = jnp.zeros((0,), jnp.int32), jnp.zeros((0,), jnp.float32)
+    lse = jnp.zeros((q.shape[1], q.shape[0]), jnp.float32)
+    attrs = dict(softmax_scale=np.float32(0.1), softcap=np.float32(0), window_left=-1,
+                 window_right=-1, max_seqlen_q=6, max_seqlen_k=7)
+    for dlse in (lse.T, lse.astype(jnp.bfloat16)):
+        with pytest.raises(Exception, match=re.escape(
+                "dlse must be float32 [num_heads, total_q] (or empty: none)")):
+            jax.block_until_ready(call(q, q, k, k, q, lse, a["cu_seqlens_q"], a["cu_seqlens_k"],
+                                       empty_i, empty_f, dlse, **attrs))
+    for dlse in (empty_f, lse + 1):  # both run
+        jax.block_until_ready(call(q, q, k, k, q, lse, a["cu_seqlens_q"], a["cu_seqlens_k"],
+                                   empty_i, empty_f, dlse, **attrs))
 
 
 def test_process_keeps_working_after_errors():

@@ -265,3 +265,37 @@ def test_dense_grads_through_softmax_lse(rng, mk):
     want = ref.flash_attn_varlen_bwd_ref(np.zeros(flat(q).shape), flat(q), flat(k), flat(v),
                                          cu_q, cu_k, None, causal=True, dlse=dlse)
     check_grads([np.asarray(g).reshape(-1, *g.shape[2:]) for g in got], want, "float32")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("with_out", [True, False], ids=["out and lse", "lse alone"])
+def test_softmax_lse_cotangent_rides_one_backward_call(rng, mk, dense, deterministic, with_out):
+    """A loss on softmax_lse lowers to one xla_attn_flash_bwd_v3 call (the cotangent as its
+    dlse operand; bf16's workspace, or 0 bytes when deterministic), not a second backward."""
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "bfloat16", [6, 3], [6, 9], 4, 2, 32)
+    if dense:  # one sequence of 6
+        q, k, v = (x[None, :6] for x in (q, k[:6], v[:6]))
+        cu_q = cu_k = np.array([0, 6], np.int32)
+    flat = (lambda x: x.reshape(-1, *x.shape[2:])) if dense else (lambda x: x)  # noqa: E731
+
+    def loss(q_, k_, v_):
+        if dense:
+            out, lse = xj.flash_attn(q_, k_, v_, causal=True, return_softmax_lse=True,
+                                     deterministic=deterministic)
+        else:
+            out, lse = xj.flash_attn_varlen(q_, k_, v_, cu_q, cu_k, 6, 9, causal=True,
+                                            return_softmax_lse=True, deterministic=deterministic)
+        lse_term = jnp.sum(lse * lse)
+        return lse_term + jnp.sum(out.astype(jnp.float32)) if with_out else lse_term
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    text = grads.lower(q, k, v).as_text()
+    assert text.count("@xla_attn_flash_bwd_v") == 1 and "@xla_attn_flash_bwd_v3(" in text
+    call = text.split("@xla_attn_flash_bwd_v3(")[1].split("\n")[0]
+    assert call.endswith("tensor<0xui8>)") == deterministic
+    _, lse = ref.flash_attn_varlen_ref(flat(q), flat(k), flat(v), cu_q, cu_k, None, causal=True)
+    dout = np.ones(flat(q).shape) if with_out else np.zeros(flat(q).shape)
+    want = ref.flash_attn_varlen_bwd_ref(dout, flat(q), flat(k), flat(v), cu_q, cu_k, None,
+                                         causal=True, dlse=2 * lse)
+    check_grads([flat(np.asarray(g)) for g in grads(q, k, v)], want, "bfloat16")

@@ -18,6 +18,7 @@ from xla_attn import _capi  # noqa: E402
 from xla_attn import torch as xt  # noqa: E402
 
 from xla_attn.testing import reference as ref  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 LSE_BOUND = 1e-5  # softmax_lse is float32 whatever the input dtype
 _VIEWS = {"bfloat16": (np.uint16, torch.bfloat16), "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
@@ -137,6 +138,18 @@ def check_flash_dense(rng, mk, device, dtype):
     assert torch.equal(only, out)
 
 
+class _OpCalls(TorchDispatchMode):
+    """The names of the dispatcher ops run inside it (the backward's included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
 def check_flash_grad(rng, mk, device, dtype, case, deterministic=False, with_lse=False):
     """with_lse: the loss weighs softmax_lse too (rows without a key, lse = +inf, left out)."""
     a, t, kw = flash_case(rng, mk, device, dtype, case)
@@ -146,15 +159,17 @@ def check_flash_grad(rng, mk, device, dtype, case, deterministic=False, with_lse
     out, lse = xt.flash_attn_varlen(**t, max_seqlen_q=10, max_seqlen_k=10,
                                     deterministic=deterministic, return_softmax_lse=True, **kw)
     dlse = None
-    if with_lse:
-        w = rng.standard_normal(tuple(lse.shape))
-        lse_ref = ref.flash_attn_varlen_ref(**a, softmax_scale=None, **kw)[1]
-        dlse = np.where(np.isfinite(lse_ref), w, 0.0)
-        loss = (out.float() * tt(dout, device).float()).sum() + (
-            torch.where(torch.isfinite(lse), lse, 0.0) * tt(w, device).float()).sum()
-        loss.backward()
-    else:
-        out.backward(tt(dout, device))
+    with _OpCalls() as calls:
+        if with_lse:
+            w = rng.standard_normal(tuple(lse.shape))
+            lse_ref = ref.flash_attn_varlen_ref(**a, softmax_scale=None, **kw)[1]
+            dlse = np.where(np.isfinite(lse_ref), w, 0.0)
+            loss = (out.float() * tt(dout, device).float()).sum() + (
+                torch.where(torch.isfinite(lse), lse, 0.0) * tt(w, device).float()).sum()
+            loss.backward()
+        else:
+            out.backward(tt(dout, device))
+    assert calls.names.count("xla_attn::flash_bwd") == 1  # lse's cotangent rides the same call
     grads_ref = ref.flash_attn_varlen_bwd_ref(dout, a["q"], a["k"], a["v"], a["cu_seqlens_q"],
                                               a["cu_seqlens_k"], None, **kw,
                                               alibi_slopes=a["alibi_slopes"],
@@ -209,6 +224,26 @@ def test_flash_grad_through_softmax_lse(rng, mk, dtype, case):
     """softmax_lse is differentiable (as in xla_attn.jax): its cotangent adds p_ij dlse_i
     to dS, against the float64 backward with that term."""
     check_flash_grad(rng, mk, "cpu", dtype, case, with_lse=True)
+
+
+def test_flash_bwd_op_checks_dlse(rng, mk):
+    """The flash_bwd op's dlse (softmax_lse's cotangent) must be softmax_lse's shape and
+    float32; given, it changes dq and dk against the op without it."""
+    a, t, kw = flash_case(rng, mk, "cpu", "float32", GRAD_CASES[0])
+    q, k, v = t["q"], t["k"], t["v"]
+    out, lse = torch.ops.xla_attn.flash_fwd(q, k, v, t["cu_seqlens_q"], t["cu_seqlens_k"],
+                                            None, None, None, None, None, None, 0.2, 0.0, -1, 0,
+                                            10, 10)
+    dout = tt(mk.random_array(rng, a["q"].shape, "float32"), "cpu")
+    args = (dout, q, k, v, out, lse, t["cu_seqlens_q"], t["cu_seqlens_k"], None, None, 0.2, 0.0,
+            -1, 0, 10, 10, False)
+    with pytest.raises(ValueError, match=r"dlse must have softmax_lse's shape"):
+        torch.ops.xla_attn.flash_bwd(*args, lse.t().contiguous())
+    with pytest.raises(TypeError, match="dlse"):
+        torch.ops.xla_attn.flash_bwd(*args, lse.double())
+    plain = torch.ops.xla_attn.flash_bwd(*args)
+    with_lse = torch.ops.xla_attn.flash_bwd(*args, torch.randn_like(lse))
+    assert not torch.equal(plain[0], with_lse[0]) and torch.equal(plain[2], with_lse[2])
 
 
 def test_flash_grad_deterministic(rng, mk):

@@ -91,6 +91,17 @@ def test_flash_fwd_and_bwd_through_descriptors(rng, mk):
     for g, e in zip(grads, expected):
         assert ref.rel_error(g, e) < 1e-5
 
+    # v3: softmax_lse's cotangent as buffer 10, a 0-byte workspace after dq dk dv
+    dlse = mk.random_array(rng, lse.shape, "float32")
+    grads = [np.full(x.shape, np.nan, np.float32) for x in (q, k, v)]
+    bwd = _xla_legacy.encode("flash_bwd_v3", (1 << 9) | (1 << 10), **fields, workspace_bytes=0)
+    assert legacy_run(bwd, [dout, q, k, v, out, lse, cu, cu, None, alibi, dlse, *grads,
+                            np.zeros(1, np.uint8)]) == ""
+    expected = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu, cu, 0.25, causal=True,
+                                             alibi_slopes=alibi, dlse=dlse)
+    for g, e in zip(grads, expected):
+        assert ref.rel_error(g, e) < 1e-5
+
 
 def test_paged_attention_and_cache_write_through_descriptors(rng, mk):
     lens, qlens = [9, 6], [3, 1]

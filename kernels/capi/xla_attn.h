@@ -1,4 +1,4 @@
-/* xla_attn C ABI, version 2: the params structs of kernels/<op>/params.h filled by
+/* xla_attn C ABI, version 3: the params structs of kernels/<op>/params.h filled by
  * the caller, run on the Host or on a CUDA stream. For torch eager, EXLA, tests.
  * Every function returns 0 on success, else non-zero with a message in `error`. */
 #pragma once
@@ -11,15 +11,16 @@ extern "C" {
 #endif
 
 /* 2: paged_attention params gained max_query_len (its layout and
- * xla_attn_paged_attention_workspace_size's arguments changed). */
-#define XLA_ATTN_ABI_VERSION 2
+ * xla_attn_paged_attention_workspace_size's arguments changed).
+ * 3: flash_bwd params gained dlse (softmax_lse's cotangent), appended. */
+#define XLA_ATTN_ABI_VERSION 3
 
 /* The library is built with hidden visibility; these are its whole interface. */
 #define XLA_ATTN_EXPORT __attribute__((visibility("default")))
 
 XLA_ATTN_EXPORT int xla_attn_abi_version(void);
 XLA_ATTN_EXPORT const char* xla_attn_version(void);
-/* JSON: {"abi": 2, "version": ..., "cuda_runtime": ..., "modules": [...], "variants": [...]} */
+/* JSON: {"abi": 3, "version": ..., "cuda_runtime": ..., "modules": [...], "variants": [...]} */
 XLA_ATTN_EXPORT const char* xla_attn_build_info(void);
 
 XLA_ATTN_EXPORT int xla_attn_flash_fwd(const xla_attn_flash_fwd_params* params, int platform, void* stream,

@@ -1,5 +1,6 @@
-// xla_attn_flash_bwd_v1 and _v2 (docs/xla-targets.md): v2 has a workspace result, which
-// takes the sm80 family onto its atomic-dQ path; v1 runs the deterministic one.
+// xla_attn_flash_bwd_v1, _v2 and _v3 (docs/xla-targets.md): v2 has a workspace result, which
+// takes the sm80 family onto its atomic-dQ path; v1 runs the deterministic one; v3 is v2
+// with softmax_lse's cotangent as one more operand (zero elements: none).
 #include "ffi/common.h"
 
 namespace xla_attn::ffi_glue {
@@ -8,9 +9,9 @@ namespace {
 ffi::Error FlashBwd(const char* target, cudaStream_t stream, int platform, ffi::AnyBuffer dout,
                     ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out,
                     ffi::AnyBuffer lse, ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
-                    ffi::AnyBuffer seqused_k, ffi::AnyBuffer alibi, ffi::Result<ffi::AnyBuffer> dq,
-                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                    ffi::AnyBuffer* workspace, float softmax_scale, float softcap,
+                    ffi::AnyBuffer seqused_k, ffi::AnyBuffer alibi, const ffi::AnyBuffer* dlse,
+                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                    ffi::Result<ffi::AnyBuffer> dv, ffi::AnyBuffer* workspace, float softmax_scale, float softcap,
                     int64_t window_left, int64_t window_right, int64_t max_seqlen_q,
                     int64_t max_seqlen_k) {
   Checker c(target);
@@ -35,6 +36,10 @@ ffi::Error FlashBwd(const char* target, cudaStream_t stream, int platform, ffi::
       .expect(rank(lse) == 2 && dim(lse, 0) == dim(q, 1) && dim(lse, 1) == dim(q, 0) &&
                   to_dtype(lse.element_type()) == XLA_ATTN_F32,
               "softmax_lse must be float32 [num_heads, total_q]")
+      .expect(!dlse || dlse->element_count() == 0 ||
+                  (rank(*dlse) == 2 && dim(*dlse, 0) == dim(q, 1) && dim(*dlse, 1) == dim(q, 0) &&
+                   to_dtype(dlse->element_type()) == XLA_ATTN_F32),
+              "dlse must be float32 [num_heads, total_q] (or empty: none)")
       .expect(seqused_k.element_count() == 0 ||
                   (seqused_k.element_count() == size_t(batch) &&
                    to_dtype(seqused_k.element_type()) == XLA_ATTN_I32),
@@ -61,6 +66,7 @@ ffi::Error FlashBwd(const char* target, cudaStream_t stream, int platform, ffi::
   p.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k.untyped_data());
   p.seqused_k = static_cast<const int32_t*>(optional(seqused_k));
   p.alibi_slopes = static_cast<const float*>(optional(alibi));
+  p.dlse = dlse ? static_cast<const float*>(optional(*dlse)) : nullptr;
   p.total_q = dim(q, 0);
   p.total_k = dim(k, 0);
   p.batch = static_cast<int32_t>(batch);
@@ -87,7 +93,7 @@ ffi::Error FlashBwdV1(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ff
                       int64_t window_left, int64_t window_right, int64_t max_seqlen_q,
                       int64_t max_seqlen_k) {
   return FlashBwd("xla_attn_flash_bwd_v1", stream, platform, dout, q, k, v, out, lse,
-                  cu_seqlens_q, cu_seqlens_k, seqused_k, alibi, dq, dk, dv, nullptr,
+                  cu_seqlens_q, cu_seqlens_k, seqused_k, alibi, nullptr, dq, dk, dv, nullptr,
                   softmax_scale, softcap, window_left, window_right, max_seqlen_q, max_seqlen_k);
 }
 
@@ -100,14 +106,27 @@ ffi::Error FlashBwdV2(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ff
                       float softmax_scale, float softcap, int64_t window_left,
                       int64_t window_right, int64_t max_seqlen_q, int64_t max_seqlen_k) {
   return FlashBwd("xla_attn_flash_bwd_v2", stream, platform, dout, q, k, v, out, lse,
-                  cu_seqlens_q, cu_seqlens_k, seqused_k, alibi, dq, dk, dv, &*workspace,
+                  cu_seqlens_q, cu_seqlens_k, seqused_k, alibi, nullptr, dq, dk, dv, &*workspace,
                   softmax_scale, softcap, window_left, window_right, max_seqlen_q, max_seqlen_k);
 }
 
-// Operands and the gradient results, shared by both versions (a Binding is not
-// movable: taken by reference, each step returns a new one).
+ffi::Error FlashBwdV3(cudaStream_t stream, int platform, ffi::AnyBuffer dout, ffi::AnyBuffer q,
+                      ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                      ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
+                      ffi::AnyBuffer seqused_k, ffi::AnyBuffer alibi, ffi::AnyBuffer dlse,
+                      ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                      ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> workspace,
+                      float softmax_scale, float softcap, int64_t window_left,
+                      int64_t window_right, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  return FlashBwd("xla_attn_flash_bwd_v3", stream, platform, dout, q, k, v, out, lse,
+                  cu_seqlens_q, cu_seqlens_k, seqused_k, alibi, &dlse, dq, dk, dv, &*workspace,
+                  softmax_scale, softcap, window_left, window_right, max_seqlen_q, max_seqlen_k);
+}
+
+// The operands every version takes (a Binding is not movable: taken by reference, each
+// step returns a new one).
 template <typename B>
-auto Gradients(B&& binding) {
+auto Operands(B&& binding) {
   return std::move(binding).template Arg<ffi::AnyBuffer>()  // dout
       .template Arg<ffi::AnyBuffer>()            // q
       .template Arg<ffi::AnyBuffer>()            // k
@@ -117,20 +136,31 @@ auto Gradients(B&& binding) {
       .template Arg<ffi::AnyBuffer>()            // cu_seqlens_q
       .template Arg<ffi::AnyBuffer>()            // cu_seqlens_k
       .template Arg<ffi::AnyBuffer>()            // seqused_k
-      .template Arg<ffi::AnyBuffer>()            // alibi_slopes
-      .template Ret<ffi::AnyBuffer>()            // dq
-      .template Ret<ffi::AnyBuffer>()            // dk
-      .template Ret<ffi::AnyBuffer>();           // dv
+      .template Arg<ffi::AnyBuffer>();           // alibi_slopes
+}
+
+template <typename B>
+auto Gradients(B&& binding) {  // dq, dk, dv
+  return std::move(binding).template Ret<ffi::AnyBuffer>().template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>();
 }
 
 template <typename B>
 auto SignatureV1(B binding) {
-  return with_flash_attributes(Gradients(std::move(binding)));
+  return with_flash_attributes(Gradients(Operands(std::move(binding))));
 }
 
 template <typename B>
 auto SignatureV2(B binding) {  // + workspace (u8, xla_attn_flash_bwd_workspace_size)
-  return with_flash_attributes(Gradients(std::move(binding)).template Ret<ffi::AnyBuffer>());
+  return with_flash_attributes(
+      Gradients(Operands(std::move(binding))).template Ret<ffi::AnyBuffer>());
+}
+
+template <typename B>
+auto SignatureV3(B binding) {  // v2 + dlse after alibi_slopes
+  return with_flash_attributes(
+      Gradients(Operands(std::move(binding)).template Arg<ffi::AnyBuffer>())
+          .template Ret<ffi::AnyBuffer>());
 }
 
 }  // namespace
@@ -139,3 +169,4 @@ auto SignatureV2(B binding) {  // + workspace (u8, xla_attn_flash_bwd_workspace_
 using namespace xla_attn::ffi_glue;  // NOLINT: the macro names unqualified symbols
 XLA_ATTN_DEFINE_HANDLERS(XlaAttnFlashBwdV1Host, XlaAttnFlashBwdV1Cuda, FlashBwdV1, SignatureV1);
 XLA_ATTN_DEFINE_HANDLERS(XlaAttnFlashBwdV2Host, XlaAttnFlashBwdV2Cuda, FlashBwdV2, SignatureV2);
+XLA_ATTN_DEFINE_HANDLERS(XlaAttnFlashBwdV3Host, XlaAttnFlashBwdV3Cuda, FlashBwdV3, SignatureV3);

@@ -103,11 +103,9 @@ std::string flash_fwd(int platform, cudaStream_t stream, void** b, const char* o
   return xla_attn::run(p, platform, stream);
 }
 
-std::string flash_bwd(int platform, cudaStream_t stream, void** b, const char* opaque,
-                      size_t len) {
-  xla_attn_legacy_flash_bwd d{};
-  std::string error = decode(opaque, len, XLA_ATTN_LEGACY_FLASH_BWD, &d);
-  if (!error.empty()) return error;
+// The params of either flash_bwd descriptor (v3 is v1 plus dlse as buffer 10 and a
+// workspace); the results start at buffer `results`.
+xla_attn_flash_bwd_params bwd_params(const xla_attn_legacy_flash_bwd& d, void** b, int results) {
   xla_attn_flash_bwd_params p{};
   p.dout = b[0];
   p.q = b[1];
@@ -119,9 +117,9 @@ std::string flash_bwd(int platform, cudaStream_t stream, void** b, const char* o
   p.cu_seqlens_k = static_cast<const int32_t*>(b[7]);
   p.seqused_k = static_cast<const int32_t*>(optional(d.header, b, 8));
   p.alibi_slopes = static_cast<const float*>(optional(d.header, b, 9));
-  p.dq = b[10];
-  p.dk = b[11];
-  p.dv = b[12];
+  p.dq = b[results];
+  p.dk = b[results + 1];
+  p.dv = b[results + 2];
   p.total_q = d.total_q;
   p.total_k = d.total_k;
   p.batch = d.batch;
@@ -136,6 +134,28 @@ std::string flash_bwd(int platform, cudaStream_t stream, void** b, const char* o
   p.softmax_scale = d.softmax_scale;
   p.softcap = d.softcap;
   p.dtype = d.dtype;
+  return p;
+}
+
+std::string flash_bwd(int platform, cudaStream_t stream, void** b, const char* opaque,
+                      size_t len) {
+  xla_attn_legacy_flash_bwd d{};
+  std::string error = decode(opaque, len, XLA_ATTN_LEGACY_FLASH_BWD, &d);
+  if (!error.empty()) return error;
+  return xla_attn::run(bwd_params(d, b, 10), platform, stream);
+}
+
+std::string flash_bwd_v3(int platform, cudaStream_t stream, void** b, const char* opaque,
+                         size_t len) {
+  xla_attn_legacy_flash_bwd_v3 d{};
+  std::string error = decode(opaque, len, XLA_ATTN_LEGACY_FLASH_BWD_V3, &d);
+  if (!error.empty()) return error;
+  xla_attn_flash_bwd_params p = bwd_params(d.v1, b, 11);
+  p.dlse = static_cast<const float*>(optional(d.v1.header, b, 10));
+  if (platform == XLA_ATTN_CUDA && d.workspace_bytes > 0) {
+    p.workspace = b[14];
+    p.workspace_bytes = d.workspace_bytes;
+  }
   return xla_attn::run(p, platform, stream);
 }
 
@@ -252,6 +272,7 @@ LegacyOp op_function(int op) {
     case XLA_ATTN_LEGACY_PAGED_ATTENTION: return paged_attention;
     case XLA_ATTN_LEGACY_RESHAPE_AND_CACHE_FLASH: return reshape_and_cache_flash;
     case XLA_ATTN_LEGACY_PAGED_ATTENTION_V2: return paged_attention_v2;
+    case XLA_ATTN_LEGACY_FLASH_BWD_V3: return flash_bwd_v3;
     default: return nullptr;
   }
 }
@@ -323,6 +344,7 @@ XLA_ATTN_EXPORT size_t xla_attn_legacy_descriptor_size(int op) {
     case XLA_ATTN_LEGACY_RESHAPE_AND_CACHE_FLASH:
       return sizeof(xla_attn_legacy_reshape_and_cache_flash);
     case XLA_ATTN_LEGACY_PAGED_ATTENTION_V2: return sizeof(xla_attn_legacy_paged_attention_v2);
+    case XLA_ATTN_LEGACY_FLASH_BWD_V3: return sizeof(xla_attn_legacy_flash_bwd_v3);
     default: return 0;
   }
 }
@@ -342,6 +364,11 @@ XLA_ATTN_EXPORT void XlaAttnFlashBwdV1Legacy(cudaStream_t stream, void** buffers
                                              const char* opaque, size_t len,
                                              XlaCustomCallStatus* status) {
   cuda_handler(XLA_ATTN_LEGACY_FLASH_BWD, stream, buffers, opaque, len, status);
+}
+XLA_ATTN_EXPORT void XlaAttnFlashBwdV3Legacy(cudaStream_t stream, void** buffers,
+                                             const char* opaque, size_t len,
+                                             XlaCustomCallStatus* status) {
+  cuda_handler(XLA_ATTN_LEGACY_FLASH_BWD_V3, stream, buffers, opaque, len, status);
 }
 XLA_ATTN_EXPORT void XlaAttnPagedAttentionV1Legacy(cudaStream_t stream, void** buffers,
                                                    const char* opaque, size_t len,

@@ -21,6 +21,7 @@ enum {
   XLA_ATTN_LEGACY_PAGED_ATTENTION = 3,
   XLA_ATTN_LEGACY_RESHAPE_AND_CACHE_FLASH = 4,
   XLA_ATTN_LEGACY_PAGED_ATTENTION_V2 = 5,
+  XLA_ATTN_LEGACY_FLASH_BWD_V3 = 6,
 };
 
 #pragma pack(push, 1)
@@ -55,6 +56,13 @@ typedef struct xla_attn_legacy_flash_bwd {
   int32_t dtype;
 } xla_attn_legacy_flash_bwd;
 
+// xla_attn_flash_bwd_v3's. Buffers: dout q k v out softmax_lse cu_seqlens_q cu_seqlens_k
+// seqused_k alibi_slopes dlse | dq dk dv workspace (0 bytes: the deterministic path).
+typedef struct xla_attn_legacy_flash_bwd_v3 {
+  xla_attn_legacy_flash_bwd v1;  // op 2's layout, header first (its op field says 6)
+  int64_t workspace_bytes;
+} xla_attn_legacy_flash_bwd_v3;
+
 // Buffers: query key_cache value_cache seq_lens block_tables query_start_loc num_seqs
 // k_scale v_scale | out workspace.
 typedef struct xla_attn_legacy_paged_attention {
@@ -87,6 +95,8 @@ XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_legacy_header) == 16, "legacy descriptor 
 XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_legacy_flash_fwd) == 16 + 3 * 8 + 17 * 4,
                        "legacy descriptor v1 layout");
 XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_legacy_flash_bwd) == 16 + 2 * 8 + 12 * 4,
+                       "legacy descriptor v1 layout");
+XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_legacy_flash_bwd_v3) == 16 + 3 * 8 + 12 * 4,
                        "legacy descriptor v1 layout");
 XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_legacy_paged_attention) == 16 + 2 * 8 + 12 * 4,
                        "legacy descriptor v1 layout");

@@ -16,6 +16,8 @@ XLA_FFI_Error* XlaAttnFlashBwdV1Host(XLA_FFI_CallFrame*);
 XLA_FFI_Error* XlaAttnFlashBwdV1Cuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* XlaAttnFlashBwdV2Host(XLA_FFI_CallFrame*);
 XLA_FFI_Error* XlaAttnFlashBwdV2Cuda(XLA_FFI_CallFrame*);
+XLA_FFI_Error* XlaAttnFlashBwdV3Host(XLA_FFI_CallFrame*);
+XLA_FFI_Error* XlaAttnFlashBwdV3Cuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* XlaAttnPagedAttentionV1Host(XLA_FFI_CallFrame*);
 XLA_FFI_Error* XlaAttnPagedAttentionV1Cuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* XlaAttnPagedAttentionV2Host(XLA_FFI_CallFrame*);
@@ -36,6 +38,7 @@ constexpr Target kTargets[] = {
     {"xla_attn_flash_fwd_v1", XlaAttnFlashFwdV1Host, XlaAttnFlashFwdV1Cuda},
     {"xla_attn_flash_bwd_v1", XlaAttnFlashBwdV1Host, XlaAttnFlashBwdV1Cuda},
     {"xla_attn_flash_bwd_v2", XlaAttnFlashBwdV2Host, XlaAttnFlashBwdV2Cuda},
+    {"xla_attn_flash_bwd_v3", XlaAttnFlashBwdV3Host, XlaAttnFlashBwdV3Cuda},
     {"xla_attn_paged_attention_v1", XlaAttnPagedAttentionV1Host, XlaAttnPagedAttentionV1Cuda},
     {"xla_attn_paged_attention_v2", XlaAttnPagedAttentionV2Host, XlaAttnPagedAttentionV2Cuda},
     {"xla_attn_reshape_and_cache_flash_v1", XlaAttnReshapeAndCacheFlashV1Host,

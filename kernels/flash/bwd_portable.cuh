@@ -3,7 +3,8 @@
 //   dq:   one block per (query tile, head): dq_i = scale * sum_j dS_ij k_j
 //   dkdv: one block per (key tile, kv head), looping over the query heads of its
 //         GQA group: dv_j = sum_i P_ij dO_i, dk_j = scale * sum_i dS_ij q_i
-// with dS_ij = P_ij (dO_i . v_j - D_i) * softcap'(s_ij) and D_i = dO_i . O_i.
+// with dS_ij = P_ij (dO_i . v_j - D_i) * softcap'(s_ij) and D_i = dO_i . O_i - dlse_i
+// (dlse: softmax_lse's cotangent, 0 without one).
 // Every gradient element has exactly one owner, so there are no atomics and no
 // workspace, and results are deterministic; the price is computing S twice.
 #pragma once
@@ -57,6 +58,13 @@ __device__ __forceinline__ float row_delta(const T* dout, const T* out, int hd) 
   return warp_sum(acc);
 }
 
+// softmax_lse's cotangent for (head, row), 0 without one. d lse_i / d s_ij = p_ij, so it
+// adds p_ij dlse_i to dS_ij = p_ij (dP_ij - D_i): every family subtracts it from D_i.
+__device__ __forceinline__ float lse_cotangent(const xla_attn_flash_bwd_params& p, int h,
+                                               int64_t row) {
+  return p.dlse ? p.dlse[int64_t(h) * p.total_q + row] : 0.f;
+}
+
 __device__ __forceinline__ Sequence bwd_sequence(const xla_attn_flash_bwd_params& p, int b) {
   return sequence(b, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.total_q, p.total_k, false, 0);
 }
@@ -105,7 +113,8 @@ __device__ void flash_bwd_dq_portable(const xla_attn_flash_bwd_params& p) {
     const int i = min(m0 + warp * kRows + r, s.num_q - 1);  // clamped rows are never used
     const int64_t row = s.q_start + i;
     lse[r] = p.softmax_lse[int64_t(h) * p.total_q + row];
-    delta[r] = row_delta(dout + row * q_stride + h * hd, out + row * q_stride + h * hd, hd);
+    delta[r] = row_delta(dout + row * q_stride + h * hd, out + row * q_stride + h * hd, hd) -
+               lse_cotangent(p, h, row);
 #pragma unroll
     for (int e = 0; e < kDims; ++e) acc[r][e] = 0.f;
   }
@@ -230,7 +239,9 @@ __device__ void flash_bwd_dkdv_portable(const xla_attn_flash_bwd_params& p) {
       for (int ii = warp; ii < kBlockN; ii += portable::kWarps) {
         const int i = min(i0 + ii, i_hi - 1);
         const int64_t row = s.q_start + i;
-        const float delta = row_delta(dout + row * q_stride + h * hd, out + row * q_stride + h * hd, hd);
+        const float delta =
+            row_delta(dout + row * q_stride + h * hd, out + row * q_stride + h * hd, hd) -
+            lse_cotangent(p, h, row);
         if (lane == 0) {
           sDelta[ii] = delta;
           sLse[ii] = i0 + ii < i_hi ? p.softmax_lse[int64_t(h) * p.total_q + row] : XLA_ATTN_INF;

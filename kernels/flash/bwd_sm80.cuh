@@ -3,7 +3,7 @@
 // from the forward's softmax_lse. Two paths, by whether the call has a workspace
 // (sm80_tiles.h, bwd_workspace_bytes):
 //
-//   flash_bwd_delta_sm80  D_i = dO_i . O_i as f32 [num_heads, total_q]: in the
+//   flash_bwd_delta_sm80  D_i = dO_i . O_i - dlse_i as f32 [num_heads, total_q]: in the
 //                         workspace, whose dQ accumulator it also zeroes; without one
 //                         at the start of the dq buffer (scratch: dq is written last;
 //                         hd >= 2 makes it fit).
@@ -448,7 +448,8 @@ __device__ void flash_bwd_delta_sm80(const xla_attn_flash_bwd_params& p) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum += to_float(x[e]) * to_float(y[e]);
       for (int off = lanes / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      if (sub == 0 && ok[ps]) delta[row0 + threadIdx.x / lanes + ps * rows_per_pass] = sum;
+      const int64_t row = row0 + threadIdx.x / lanes + ps * rows_per_pass;
+      if (sub == 0 && ok[ps]) delta[row] = sum - lse_cotangent(p, h, row);
     }
   } else {
 #pragma unroll
@@ -456,7 +457,7 @@ __device__ void flash_bwd_delta_sm80(const xla_attn_flash_bwd_params& p) {
       const int64_t row = row0 + warp * 4 + r;
       if (row >= p.total_q) break;  // warp-uniform
       const float d = row_delta(dout + row * stride, out + row * stride, hd);
-      if (lane == 0) delta[row] = d;
+      if (lane == 0) delta[row] = d - lse_cotangent(p, h, row);
     }
   }
   if (float* acc = bwd_dq_accum(p)) {  // 16-byte aligned (bwd_delta_floats)
@@ -1004,7 +1005,8 @@ __device__ void flash_bwd_dq_sm80(const xla_attn_flash_bwd_params& p) {
   }
   for (int r = 0; r < 16; ++r) {
     const int rr = min(warp * 16 + r, rows_valid - 1);  // clamped rows are never written
-    const float d = row_delta(dout + rr * q_stride, out + rr * q_stride, hd);
+    const float d =
+        row_delta(dout + rr * q_stride, out + rr * q_stride, hd) - lse_cotangent(p, h, row0 + rr);
     if (r == g) delta[0] = d;
     if (r == g + 8) delta[1] = d;
   }

@@ -83,12 +83,14 @@ typedef struct xla_attn_flash_bwd_params {
   float softmax_scale;
   float softcap;
   xla_attn_dtype dtype;
+  const float* dlse;  // [num_heads, total_q] or null: softmax_lse's cotangent, which adds
+                      //   p_ij dlse_i to dS_ij (the kernels take D_i = dout_i . out_i - dlse_i)
 } xla_attn_flash_bwd_params;
 
 XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_fwd_params) == 15 * 8 + 3 * 8 + 20 * 4,
                        "flash_fwd params layout is part of the C ABI v1");
-XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_bwd_params) == 14 * 8 + 3 * 8 + 12 * 4,
-                       "flash_bwd params layout is part of the C ABI v1");
+XLA_ATTN_STATIC_ASSERT(sizeof(xla_attn_flash_bwd_params) == 14 * 8 + 3 * 8 + 12 * 4 + 8,
+                       "flash_bwd params layout is part of the C ABI v3");
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,7 @@
 // kernels do, so this is the reference for them rather than an autodiff of the
 // forward:
 //   p_ij  = exp(s_ij - lse_i)                (0 for rows whose lse is +inf)
-//   D_i   = dout_i . out_i
+//   D_i   = dout_i . out_i - dlse_i           (dlse: softmax_lse's cotangent, or 0)
 //   dv_j += p_ij dout_i
 //   ds_ij = p_ij (dout_i . v_j - D_i) * (1 - tanh(u_ij)^2 with softcap, else 1)
 //   dq_i += softmax_scale ds_ij k_j,   dk_j += softmax_scale ds_ij q_i
@@ -70,6 +70,7 @@ std::string flash_bwd(const xla_attn_flash_bwd_params& p) {
         out.load(row, h, out_row.data());
         double D = 0.0;
         for (int64_t d = 0; d < dim; ++d) D += dout_row[d] * out_row[d];
+        if (p.dlse) D -= p.dlse[h * p.total_q + row];
 
         a.scores(seq, i, h, q_row.data(), &scores);
         std::fill(dq_row.begin(), dq_row.end(), 0.0);

@@ -119,6 +119,7 @@ class FlashBwdParams(_Params):
         ("softmax_scale", ctypes.c_float),
         ("softcap", ctypes.c_float),
         ("dtype", _dtype),
+        ("dlse", _float_p),
     ]
 
 

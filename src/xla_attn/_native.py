@@ -8,7 +8,7 @@ import json
 import os
 import pathlib
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIBRARY = pathlib.Path(__file__).parent / "lib" / "libxla_attn.so"
 
 # FFI handler symbols, per target: (host symbol, CUDA symbol).
@@ -16,6 +16,7 @@ HANDLERS = {
     "xla_attn_flash_fwd_v1": ("XlaAttnFlashFwdV1Host", "XlaAttnFlashFwdV1Cuda"),
     "xla_attn_flash_bwd_v1": ("XlaAttnFlashBwdV1Host", "XlaAttnFlashBwdV1Cuda"),
     "xla_attn_flash_bwd_v2": ("XlaAttnFlashBwdV2Host", "XlaAttnFlashBwdV2Cuda"),
+    "xla_attn_flash_bwd_v3": ("XlaAttnFlashBwdV3Host", "XlaAttnFlashBwdV3Cuda"),
     "xla_attn_paged_attention_v1": ("XlaAttnPagedAttentionV1Host", "XlaAttnPagedAttentionV1Cuda"),
     "xla_attn_paged_attention_v2": ("XlaAttnPagedAttentionV2Host", "XlaAttnPagedAttentionV2Cuda"),
     "xla_attn_reshape_and_cache_flash_v1": (

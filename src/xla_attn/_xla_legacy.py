@@ -30,6 +30,14 @@ OPS = {
         ("num_heads_k", _I32), ("head_dim", _I32), ("max_seqlen_q", _I32),
         ("max_seqlen_k", _I32), ("alibi_batch_stride", _I32), ("window_left", _I32),
         ("window_right", _I32), ("softmax_scale", _F32), ("softcap", _F32), ("dtype", _I32)]),
+    # xla_attn_flash_bwd_v3: flash_bwd's body plus workspace_bytes; buffer 10 is dlse, the
+    # results dq dk dv workspace.
+    "flash_bwd_v3": (6, "XlaAttnFlashBwdV3Legacy", [
+        ("total_q", _I64), ("total_k", _I64), ("batch", _I32), ("num_heads", _I32),
+        ("num_heads_k", _I32), ("head_dim", _I32), ("max_seqlen_q", _I32),
+        ("max_seqlen_k", _I32), ("alibi_batch_stride", _I32), ("window_left", _I32),
+        ("window_right", _I32), ("softmax_scale", _F32), ("softcap", _F32), ("dtype", _I32),
+        ("workspace_bytes", _I64)]),
     "paged_attention": (3, "XlaAttnPagedAttentionV1Legacy", [
         ("total_q", _I64), ("workspace_bytes", _I64), ("max_num_seqs", _I32),
         ("num_heads", _I32), ("num_heads_k", _I32), ("head_dim", _I32), ("num_blocks", _I32),

@@ -112,9 +112,10 @@ def _maybe(x):
 # a leading digit (0, 1, ... by nesting depth) for each mapped axis it folds.
 _DIMS = {
     "flash_attn_varlen": dict(q=".H.", k=(".K.", "..K."), v=(".K.", "..K."), dout=".H.",
-                              out=".H.", softmax_lse="H.", alibi_slopes=("H", ".H")),
+                              out=".H.", softmax_lse="H.", dlse="H.",
+                              alibi_slopes=("H", ".H")),
     "flash_attn": dict(q="B.H.", k="B.K.", v="B.K.", dout="B.H.", out="B.H.",
-                       softmax_lse="BH.", alibi_slopes=("H", "BH")),
+                       softmax_lse="BH.", dlse="BH.", alibi_slopes=("H", "BH")),
     "paged_attention": dict(query=".H.", key_cache="..K.", value_cache="..K.", out=".H.",
                             alibi_slopes="H"),
     "reshape_and_cache_flash": dict(key=".K.", value=".K.", key_cache="..K.",
@@ -395,7 +396,7 @@ def _sequential(op: _Op, in_batched, operands):
 _FWD = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
         "alibi_slopes", "q_descale", "k_descale", "v_descale")
 _BWD = ("dout", "q", "k", "v", "out", "softmax_lse", "cu_seqlens_q", "cu_seqlens_k",
-        "seqused_k", "alibi_slopes")
+        "seqused_k", "alibi_slopes", "dlse")
 
 
 def _flash_fwd_impl(spec: _ops.FlashSpec, q, k, v, cu_q, cu_k, seqused_k=None,
@@ -416,17 +417,23 @@ def _flash_fwd_impl(spec: _ops.FlashSpec, q, k, v, cu_q, cu_k, seqused_k=None,
 
 
 def _flash_bwd_impl(spec: _ops.FlashSpec, dout, q, k, v, out, lse, cu_q, cu_k, seqused_k=None,
-                    alibi=None):
+                    alibi=None, dlse=None):
+    """dq, dk, dv; `dlse` (softmax_lse's cotangent, or None) rides the same call (v3)."""
     results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
     operands = (dout.astype(q.dtype), q, k, v, out, lse, cu_q, cu_k,
                 _or_absent(seqused_k, jnp.int32), _or_absent(alibi, jnp.float32))
-    if spec.deterministic:  # v1: no workspace, no atomics
+    if spec.deterministic and dlse is None:  # v1: no workspace, no atomics
         return tuple(_call("xla_attn_flash_bwd_v1", results, *operands, **spec.attributes()))
     total_q, num_heads, head_dim = q.shape
-    workspace = _native.flash_bwd_workspace_size(total_q, cu_q.shape[0] - 1, num_heads, head_dim,
-                                                 q.dtype.name)
-    dq, dk, dv, _ = _call("xla_attn_flash_bwd_v2", results + (
-        jax.ShapeDtypeStruct((workspace,), jnp.uint8),), *operands, **spec.attributes())
+    # a 0-byte workspace takes v2 / v3 onto v1's deterministic path
+    workspace = 0 if spec.deterministic else _native.flash_bwd_workspace_size(
+        total_q, cu_q.shape[0] - 1, num_heads, head_dim, q.dtype.name)
+    results += (jax.ShapeDtypeStruct((workspace,), jnp.uint8),)
+    if dlse is None:
+        dq, dk, dv, _ = _call("xla_attn_flash_bwd_v2", results, *operands, **spec.attributes())
+    else:
+        dq, dk, dv, _ = _call("xla_attn_flash_bwd_v3", results, *operands,
+                              jnp.asarray(dlse, jnp.float32), **spec.attributes())
     return dq, dk, dv
 
 
@@ -443,12 +450,13 @@ def _dense_fwd_impl(spec, q, k, v, alibi=None):
     return out.reshape(q.shape[:3] + out.shape[-1:]), lse.reshape(h, b, sq).transpose(1, 0, 2)
 
 
-def _dense_bwd_impl(spec, dout, q, k, v, out, lse, alibi=None):
+def _dense_bwd_impl(spec, dout, q, k, v, out, lse, alibi=None, dlse=None):
     (b, sq, h, _), sk = q.shape, k.shape[1]
     flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+    heads_major = lambda x: x.transpose(1, 0, 2).reshape(h, b * sq)  # noqa: E731
     grads = _flash_bwd_impl(spec, flat(dout), flat(q), flat(k), flat(v), flat(out),
-                            lse.transpose(1, 0, 2).reshape(h, b * sq), _dense_cu(b, sq),
-                            _dense_cu(b, sk), alibi=alibi)
+                            heads_major(lse), _dense_cu(b, sq), _dense_cu(b, sk), alibi=alibi,
+                            dlse=None if dlse is None else heads_major(dlse))
     return tuple(g.reshape(x.shape) for g, x in zip(grads, (q, k, v)))
 
 
@@ -463,7 +471,7 @@ def _fwd_op(spec, dense: bool, operands) -> _Op:
 
 def _bwd_op(spec, dense: bool, operands) -> _Op:
     if dense:
-        names = ("dout", "q", "k", "v", "out", "softmax_lse", "alibi_slopes")
+        names = ("dout", "q", "k", "v", "out", "softmax_lse", "alibi_slopes", "dlse")
         return _op("flash_attn", _dense_bwd_impl, spec, names, operands, ("q", "k", "v"),
                    fold="B")
     return _op("flash_attn_varlen", _flash_bwd_impl, spec, _BWD, operands, ("q", "k", "v"),
@@ -488,33 +496,23 @@ def _flash_diff_fwd(spec, dense, *primals):
 def _flash_diff_bwd(spec, dense, residuals, cotangents):
     q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi = residuals
     dout, dlse = cotangents  # either may be a SymbolicZero: its output is not used
-
-    def backward(dout, v, out):
-        operands = (dout, q, k, v, out, lse) + ((alibi,) if dense else (cu_q, cu_k, seqused_k,
-                                                                          alibi))
-        return _apply(_bwd_op(spec, dense, operands), *operands)
-
-    grads = None if isinstance(dout, SymbolicZero) else backward(dout, v, out)
-    if not isinstance(dlse, SymbolicZero):
-        # softmax_lse_i = log sum_j exp(s_ij), so d lse_i / d s_ij = p_ij and its cotangent
-        # g_i adds p_ij g_i to dS_ij. The backward computes dS_ij = p_ij (dout_i . v_j -
-        # dout_i . out_i) (times softcap's derivative): one more call with dout_i = g_i e_0,
-        # every v_j = e_0 and out = 0 gives exactly p_ij g_i there; its dv is not a gradient.
-        g = jnp.swapaxes(dlse, -1, -2)  # (H, total_q) -> (total_q, H); dense (B, H, Sq) alike
-        dout_g = jnp.zeros(q.shape, q.dtype).at[..., 0].set(g.astype(q.dtype))
-        v_g = jnp.zeros(v.shape, v.dtype).at[..., 0].set(1)
-        dq_g, dk_g, _ = backward(dout_g, v_g, jnp.zeros(out.shape, out.dtype))
-        grads = ((dq_g, dk_g, jnp.zeros(v.shape, v.dtype)) if grads is None
-                 else (grads[0] + dq_g, grads[1] + dk_g, grads[2]))
-    if grads is None:
-        grads = tuple(jnp.zeros(x.shape, x.dtype) for x in (q, k, v))
-    dq, dk, dv = grads
+    if isinstance(dout, SymbolicZero) and isinstance(dlse, SymbolicZero):
+        dq, dk, dv = (jnp.zeros(x.shape, x.dtype) for x in (q, k, v))
+    else:
+        # softmax_lse_i = log sum_j exp(s_ij): its cotangent adds p_ij dlse_i to dS_ij, which
+        # the kernels take as D_i = dout_i . out_i - dlse_i, in the same call.
+        if isinstance(dout, SymbolicZero):
+            dout = jnp.zeros(q.shape, q.dtype)
+        dlse = None if isinstance(dlse, SymbolicZero) else dlse
+        operands = (dout, q, k, v, out, lse) + ((alibi, dlse) if dense else (
+            cu_q, cu_k, seqused_k, alibi, dlse))
+        dq, dk, dv = _apply(_bwd_op(spec, dense, operands), *operands)
     axes = _vma(dq)
     return (_cotangent(dq, q, axes), _cotangent(dk, k, axes), _cotangent(dv, v, axes),
             None, None, None, None)
 
 
-# symbolic zeros: a softmax_lse that no loss uses costs no second backward
+# symbolic zeros: a softmax_lse that no loss uses adds no operand to the backward
 _flash_diff.defvjp(_flash_diff_fwd, _flash_diff_bwd, symbolic_zeros=True)
 
 
@@ -531,7 +529,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     and key count, as in flash-attn: they size the GPU launch, so rows and keys past them
     are not computed there (the Host computes every row).
     Differentiable in q, k, v when not paged and not fp8, through out and softmax_lse
-    alike (a loss on softmax_lse costs a second backward pass). The backward adds dq up with
+    alike (one backward call either way). The backward adds dq up with
     float atomics (its last bits may vary from run to run, as flash-attn's);
     `deterministic=True` takes the slower backward without them (bit-identical runs).
 

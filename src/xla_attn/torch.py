@@ -133,7 +133,9 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor],
                alibi_slopes: Optional[Tensor], softmax_scale: float, softcap: float,
                window_left: int, window_right: int, max_seqlen_q: int,
-               max_seqlen_k: int, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+               max_seqlen_k: int, deterministic: bool = False,
+               dlse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    # dlse: softmax_lse's cotangent (or None), taken by the same kernels (D_i - dlse_i)
     op = "xla_attn::flash_bwd"
     _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, False, (window_left, window_right), softcap,
@@ -150,12 +152,16 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                                                   f"total_q) = {lse_shape}, "
                                                   f"got {_ops.shape(softmax_lse)}")
     c.dtype("softmax_lse", softmax_lse, ("float32",))
+    if dlse is not None:
+        c.value(_ops.shape(dlse) == lse_shape, f"dlse must have softmax_lse's shape {lse_shape}, "
+                                               f"got {_ops.shape(dlse)}")
+        c.dtype("dlse", dlse, ("float32",))
     _same_device(op, q.device, dout=dout, k=k, v=v, out=out, softmax_lse=softmax_lse,
                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-                 alibi_slopes=alibi_slopes)
-    dout, q, k, v, out, lse, cu_q, cu_k, used, alibi = map(
+                 alibi_slopes=alibi_slopes, dlse=dlse)
+    dout, q, k, v, out, lse, cu_q, cu_k, used, alibi, dlse = map(
         _dense, (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                 alibi_slopes))
+                 alibi_slopes, dlse))
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     total_q, num_heads, head_dim = q.shape
     batch = cu_q.shape[0] - 1
@@ -168,7 +174,7 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
         alibi_batch_stride=num_heads if alibi is not None and alibi.dim() == 2 and batch > 1
         else 0,
         window_left=window_left, window_right=window_right, softmax_scale=softmax_scale,
-        softcap=softcap, dtype=_code(q))
+        softcap=softcap, dtype=_code(q), dlse=_ptr(dlse))
     # the workspace takes the tensor-core family onto its atomic-dQ path
     _launch(_capi.flash_bwd, p, q.device, with_workspace=not deterministic)
     return dq, dk, dv
@@ -177,7 +183,7 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
 @_flash_bwd.register_fake
 def _flash_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                     alibi_slopes, softmax_scale, softcap, window_left, window_right, max_seqlen_q,
-                    max_seqlen_k, deterministic=False):
+                    max_seqlen_k, deterministic=False, dlse=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -195,25 +201,13 @@ def _flash_backward(ctx, dout, dlse):
         raise NotImplementedError("flash_attn_varlen: gradients are not available with "
                                   "block_table (paged K/V) or float8_e4m3fn inputs")
     q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi = ctx.saved_tensors
-
-    def backward(dout, v, out):
-        return torch.ops.xla_attn.flash_bwd(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k,
-                                            alibi, *ctx.attributes)
-
-    grads = None if dout is None else backward(dout.to(q.dtype), v, out)
-    if dlse is not None:
-        # softmax_lse's cotangent, as xla_attn.jax's backward takes it (_flash_diff_bwd): one
-        # more backward with dout_i = dlse_i e_0, every v_j = e_0 and out = 0 adds p_ij
-        # dlse_i to dS_ij, which is what d lse_i / d s_ij = p_ij asks; its dv is discarded.
-        dout_g = torch.zeros_like(q)
-        dout_g[..., 0] = dlse.transpose(0, 1).to(q.dtype)
-        v_g = torch.zeros_like(v)
-        v_g[..., 0] = 1
-        dq_g, dk_g, _ = backward(dout_g, v_g, torch.zeros_like(out))
-        grads = ((dq_g, dk_g, torch.zeros_like(v)) if grads is None
-                 else (grads[0] + dq_g, grads[1] + dk_g, grads[2]))
-    if grads is None:
+    if dout is None and dlse is None:
         grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+    else:  # softmax_lse's cotangent rides the same call (D_i = dout_i . out_i - dlse_i)
+        dout = torch.zeros_like(q) if dout is None else dout.to(q.dtype)
+        dlse = None if dlse is None else dlse.to(torch.float32)
+        grads = torch.ops.xla_attn.flash_bwd(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k,
+                                             alibi, *ctx.attributes, dlse)
     return tuple(grads) + (None,) * 15
 
 
@@ -308,7 +302,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     `block_table`, a paged cache `(num_blocks, block_size, Hk, D)`. Returns out like q
     (bf16 for fp8 q) and, if asked, softmax_lse `(H, total_q)` float32.
     Differentiable in q, k, v when not paged and not fp8, through out and softmax_lse
-    alike (a loss on softmax_lse costs a second backward pass). On CUDA the backward adds dq
+    alike (one backward call either way). On CUDA the backward adds dq
     up with float atomics (its last bits may vary from run to run, as flash-attn's);
     `deterministic=True` takes the slower backward without them. On XLA devices the
     backward is always the deterministic one."""

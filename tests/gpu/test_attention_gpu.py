@@ -513,16 +513,19 @@ def test_flash_backward(family, gpu_device, rng, mk, dtype, head_dim, feature):
                     heads=4, heads_k=2)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("feature", ["causal", "causal_window_softcap", "alibi_batch"])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_flash_backward_through_softmax_lse(family, gpu_device, rng, mk, head_dim, feature):
-    """A loss on out and on softmax_lse: lse's cotangent goes through a second backward
-    call (dout = dlse e_0, every v_j = e_0, out = 0: xla_attn.jax, _flash_diff_bwd) on each
-    family's backward, against the float64 reference with the p_ij dlse_i term; rows
-    without a key (lse = +inf) are kept out of the loss."""
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_flash_backward_through_softmax_lse(family, gpu_device, rng, mk, head_dim, feature,
+                                            deterministic):
+    """A loss on out and on softmax_lse: lse's cotangent rides the backward call as its
+    dlse operand (D_i = dO_i . O_i - dlse_i: the delta kernel, or the deterministic dq
+    kernel's own D), on each family's backward, against the float64 reference with the
+    p_ij dlse_i term; rows without a key (lse = +inf) are kept out of the loss. The
+    sequences span several row and key tiles."""
     dtype = "float32" if family == "portable" else "bfloat16"
     _skip_outside(family, dtype)
-    lens_q, lens_k = [29, 0, 48, 3], [40, 6, 48, 1]
+    lens_q, lens_k = [29, 0, 200, 3], [140, 6, 200, 1]
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=4, heads_k=2,
                                            head_dim=head_dim, pad_q=2, pad_k=3)
     dout = mk.random_array(rng, q.shape, dtype)
@@ -535,7 +538,8 @@ def test_flash_backward_through_softmax_lse(family, gpu_device, rng, mk, head_di
 
     def loss(q, k, v, cq, ck, do, w):
         out, lse = xj.flash_attn_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k),
-                                        return_softmax_lse=True, **kw_dev)
+                                        return_softmax_lse=True, deterministic=deterministic,
+                                        **kw_dev)
         return (jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32))
                 + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * w))
 
