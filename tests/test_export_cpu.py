@@ -39,7 +39,10 @@ def _program(q, k, cu_q, cu_k, cache):
     # deterministic=True: the backward's v1 target (the default is v2)
     grad_v1 = jax.grad(lambda q: xla_attn.flash_attn_varlen(q, k, k, cu_q, cu_k, 7, 8,
                                                             deterministic=True).sum())(q)
-    return out, grad, kc, paged, _paged_v1(*paged_args), grad_v1
+    # a loss on softmax_lse: the v3 target (its cotangent as an operand)
+    grad_v3 = jax.grad(lambda q: xla_attn.flash_attn_varlen(
+        q, k, k, cu_q, cu_k, 7, 8, return_softmax_lse=True)[1].sum())(q)
+    return out, grad, kc, paged, _paged_v1(*paged_args), grad_v1, grad_v3
 
 
 def _paged_v1(*args):
