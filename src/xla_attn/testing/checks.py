@@ -85,19 +85,23 @@ def check_flash(rng, repeats: int, device) -> list[Row]:
         args = [jax.device_put(jnp.asarray(x), device) for x in (q, k, v, cu_q, cu_k)]
         rows.append(_run(name, dtype, device, fn, args, repeats,
                          lambda r, e=exp_out: rel_error(r[0], e)))
-        # Gradients of the same case, against the analytic float64 backward.
+        # Gradients of the same case through out and softmax_lse (every row sees a key, so
+        # every lse is finite), against the analytic float64 backward.
         dout = rng.standard_normal(q.shape).astype(q.dtype)
+        dlse = rng.standard_normal(exp_lse.shape).astype(np.float32)
         exp_d = ref.flash_attn_varlen_bwd_ref(dout, q, k, v, cu_q, cu_k, scale,
                                               kw.get("causal", False),
                                               kw.get("window_size", (-1, -1)),
-                                              kw.get("softcap", 0.0), kw.get("alibi_slopes"), None)
+                                              kw.get("softcap", 0.0), kw.get("alibi_slopes"), None,
+                                              dlse=dlse)
 
-        def grads(q, k, v, cu_q, cu_k, dout, kw=kw):
-            f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cu_q, cu_k, **kw)  # noqa: E731
+        def grads(q, k, v, cu_q, cu_k, dout, dlse, kw=kw):
+            f = lambda q, k, v: xj.flash_attn_varlen(  # noqa: E731
+                q, k, v, cu_q, cu_k, return_softmax_lse=True, **kw)
             out, vjp = jax.vjp(f, q, k, v)
-            return vjp(dout)
+            return vjp((dout, dlse))
 
-        gargs = args + [jax.device_put(jnp.asarray(dout), device)]
+        gargs = args + [jax.device_put(jnp.asarray(x), device) for x in (dout, dlse)]
         rows.append(_run(name.replace("flash_attn_varlen", "flash_attn_varlen grad"), dtype, device,
                          jax.jit(grads), gargs, repeats,
                          lambda r, e=exp_d: max(rel_error(a, b) for a, b in zip(r, e))))
