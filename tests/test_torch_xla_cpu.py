@@ -431,7 +431,7 @@ def test_legacy_flash_descriptors_run_on_the_host(rng, mk, legacy_calls, case):
     if grad:
         out.backward(cases.tt(dout, DEV))
         out_cpu.backward(cases.tt(dout))
-    assert [op for op, _ in legacy_calls] == ["flash_fwd"] + ["flash_bwd"] * grad
+    assert [op for op, _ in legacy_calls] == ["flash_fwd"] + ["flash_bwd_v3"] * grad
     q, k, v, cu_q, cu_k = (a[n] for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"))
     h_out, h_lse = legacy_host(
         legacy_calls[0], [q, k, v, cu_q, cu_k, a["seqused_k"], None, a["alibi_slopes"], None,
@@ -442,7 +442,7 @@ def test_legacy_flash_descriptors_run_on_the_host(rng, mk, legacy_calls, case):
     if grad:
         grads = legacy_host(
             legacy_calls[1], [dout, q, k, v, h_out, h_lse, cu_q, cu_k, a["seqused_k"],
-                              a["alibi_slopes"]],
+                              a["alibi_slopes"], None],
             [(x.shape, np.float32) for x in (q, k, v)])
         for name, g in zip("qkv", grads):
             assert_same_bits(g, c[name].grad, f"d{name}")

@@ -87,8 +87,8 @@ def _flash_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alib
 def _flash_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                alibi_slopes, softmax_scale, softcap, window_left, window_right, max_seqlen_q,
                max_seqlen_k, deterministic=False, dlse=None):
-    # Always the backward without atomics, whatever `deterministic` says: v1, or v3 with a
-    # 0-byte workspace where softmax_lse has a cotangent (v2 has no legacy descriptor).
+    # v3 (dlse may be absent) with its workspace, which takes the tensor-core family onto
+    # its atomic-dQ path as the other frontends' default; deterministic: a 0-byte workspace.
     spec = _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, softmax_scale, False, (window_left, window_right),
                                   softcap, alibi_slopes, seqused_k, None, None, None, None,
@@ -106,13 +106,13 @@ def _flash_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, sequ
                                                                     num_heads),
         window_left=window_left, window_right=window_right, softmax_scale=softmax_scale,
         softcap=softcap, dtype=_code(q))
-    results = [(x.shape, x.dtype) for x in (q, k, v)]
-    if dlse is None:
-        return tuple(_torch_xla_call.emit("flash_bwd", "xla_attn_flash_bwd_v1", operands,
-                                          results, spec.attributes(), legacy))
+    workspace = 0 if deterministic else _native.flash_bwd_workspace_size(
+        total_q, batch, num_heads, head_dim, _ops.dtype_name(q))
+    dlse = _or_absent(None if dlse is None else dlse.to(torch.float32), torch.float32, dev)
     dq, dk, dv, _ = _torch_xla_call.emit(
-        "flash_bwd_v3", "xla_attn_flash_bwd_v3", operands + [dlse.to(torch.float32)],
-        results + [((0,), torch.uint8)], spec.attributes(), legacy | dict(workspace_bytes=0))
+        "flash_bwd_v3", "xla_attn_flash_bwd_v3", operands + [dlse],
+        [(x.shape, x.dtype) for x in (q, k, v)] + [((workspace,), torch.uint8)],
+        spec.attributes(), legacy | dict(workspace_bytes=workspace))
     return dq, dk, dv
 
 

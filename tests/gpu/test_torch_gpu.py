@@ -65,6 +65,62 @@ def test_flash_dense_grad(rng, mk):
     on_cuda(cases.check_flash_dense_grad, rng, mk, DEVICE, "float32")
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", cases.GRAD_CASES)
+def test_legacy_flash_bwd_v3_on_cuda(rng, mk, case, deterministic):
+    """torch_xla's CUDA route (the untyped legacy call of xla_attn_flash_bwd_v3, op 6) run
+    through the C ABI on CUDA buffers: bf16 with softmax_lse's cotangent, with the workspace
+    (atomic dQ) or a 0-byte one, against the float64 reference; results poisoned first."""
+    import ctypes
+
+    from xla_attn import _capi, _native, _xla_legacy
+    from xla_attn.testing import reference as ref
+
+    a, t, kw = cases.flash_case(rng, mk, DEVICE, "bfloat16", case)
+    out, lse = xt.flash_attn_varlen(**t, max_seqlen_q=10, max_seqlen_k=10, softmax_scale=0.3,
+                                    return_softmax_lse=True, **kw)
+    dout = mk.random_array(rng, a["q"].shape, "bfloat16")
+    dlse = rng.standard_normal(tuple(lse.shape)).astype(np.float32)
+    _, lse_ref = ref.flash_attn_varlen_ref(**a, softmax_scale=0.3, **kw)
+    dlse = np.where(np.isfinite(lse_ref), dlse, 0.0).astype(np.float32)
+    q, k = t["q"], t["k"]
+    total_q, heads, dim = q.shape
+    batch = len(a["cu_seqlens_q"]) - 1
+    workspace = 0 if deterministic else _native.flash_bwd_workspace_size(
+        total_q, batch, heads, dim, "bfloat16")
+    window = kw["window_size"]
+    alibi = t["alibi_slopes"]
+    fields = dict(total_q=total_q, total_k=k.shape[0], batch=batch, num_heads=heads,
+                  num_heads_k=k.shape[1], head_dim=dim, max_seqlen_q=10, max_seqlen_k=10,
+                  alibi_batch_stride=heads if alibi is not None and alibi.dim() == 2 else 0,
+                  window_left=window[0], window_right=0 if kw["causal"] else window[1],
+                  softmax_scale=0.3, softcap=kw["softcap"], dtype=_native.DTYPE_CODES["bfloat16"],
+                  workspace_bytes=workspace)
+    grads = [torch.full_like(x, float("nan")) for x in (q, k, t["v"])]
+    operands = [cases.tt(dout, DEVICE), q, k, t["v"], out, lse, t["cu_seqlens_q"],
+                t["cu_seqlens_k"], t["seqused_k"], alibi, cases.tt(dlse, DEVICE)]
+    buffers = operands + grads + [torch.empty(max(workspace, 1), dtype=torch.uint8,
+                                              device=DEVICE)]
+    descriptor = _xla_legacy.encode("flash_bwd_v3", _xla_legacy.present_mask(*operands),
+                                    **fields)
+    run = _native.lib()["xla_attn_legacy_run"]
+    run.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                    ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+    pointers = (ctypes.c_void_p * len(buffers))(*[None if x is None else x.data_ptr()
+                                                  for x in buffers])
+    error = ctypes.create_string_buffer(1024)
+    torch.cuda.synchronize()  # the legacy stream (null) after torch's work
+    platform = _capi.CUDA if DEVICE == "cuda" else _capi.HOST
+    assert run(platform, None, pointers, descriptor, len(descriptor), error, len(error)) == 0, (
+        error.value.decode())
+    torch.cuda.synchronize()
+    expected = ref.flash_attn_varlen_bwd_ref(
+        dout, a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"], 0.3, **kw,
+        alibi_slopes=a["alibi_slopes"], seqused_k=a["seqused_k"], dlse=dlse)
+    for name, g, e in zip("qkv", grads, expected):
+        cases.assert_close(g, e, ref.BOUNDS["bfloat16"], f"d{name}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("case", list(cases.PAGED_CASES))
 def test_paged_attention(rng, mk, dtype, case):
