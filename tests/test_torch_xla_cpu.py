@@ -50,9 +50,14 @@ def test_flash_varlen(rng, mk, dtype, case):
     cases.check_flash_varlen(rng, mk, DEV, dtype, case)
 
 
+@pytest.mark.parametrize("with_lse", [False, True], ids=["out", "out and lse"])
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", cases.GRAD_CASES)
-def test_flash_grad(rng, mk, case):
-    cases.check_flash_grad(rng, mk, DEV, "float32", case)
+def test_flash_grad(rng, mk, case, dtype, deterministic, with_lse):
+    """Through xla_attn_flash_bwd_v3 (bf16 with its workspace unless deterministic), a
+    loss on softmax_lse too."""
+    cases.check_flash_grad(rng, mk, DEV, dtype, case, deterministic, with_lse)
 
 
 def test_flash_paged_dense_fp8(rng, mk):
