@@ -411,11 +411,12 @@ def opcheck_case(case, device="cpu"):
     if case == "flash_fwd_paged":
         return ops.flash_fwd.default, (s["q"], s["kc"], s["vc"], s["cu_q"], s["cu_k"], s["lens"],
                                        s["table"], None, None, None, None, 0.2, 3.0, 2, -1, 6, 7)
-    if case == "flash_bwd":
+    if case in ("flash_bwd", "flash_bwd_dlse"):
         out, lse = ops.flash_fwd(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"], None, None,
                                  s["alibi"], None, None, None, *fwd_attrs)
+        dlse = (False, torch.randn_like(lse)) if case == "flash_bwd_dlse" else ()
         return ops.flash_bwd.default, (torch.randn_like(out), s["q"], s["k"], s["v"], out, lse,
-                                       s["cu_q"], s["cu_k"], None, s["alibi"], *fwd_attrs)
+                                       s["cu_q"], s["cu_k"], None, s["alibi"], *fwd_attrs, *dlse)
     if case == "paged_attention":
         return ops.paged_attention.default, (s["q"], u8, u8.clone(), s["lens"], s["table"],
                                              s["cu_q"], None, scale, scale, s["alibi"][0], 0.2,
@@ -429,8 +430,8 @@ def opcheck_case(case, device="cpu"):
                                                  "fp8_e4m3")
 
 
-OPCHECK_CASES = ["flash_fwd", "flash_fwd_paged", "flash_bwd", "paged_attention",
-                 "reshape_and_cache_flash", "reshape_and_cache_flash_fp8"]
+OPCHECK_CASES = ["flash_fwd", "flash_fwd_paged", "flash_bwd", "flash_bwd_dlse",
+                 "paged_attention", "reshape_and_cache_flash", "reshape_and_cache_flash_fp8"]
 
 
 @pytest.mark.parametrize("case", OPCHECK_CASES)
