@@ -74,30 +74,40 @@ def test_flash_varlen_per_batch_alibi_over_heads(rng, mk, mesh):
     close(sharded(*args), jax.jit(g)(*args))
 
 
+@pytest.mark.parametrize("with_lse", [False, True], ids=["out", "out and lse"])
 @pytest.mark.parametrize("heads", HEADS, ids=["mha", "gqa", "mqa"])
-def test_flash_varlen_grad_over_heads(rng, mk, mesh, heads):
+def test_flash_varlen_grad_over_heads(rng, mk, mesh, heads, with_lse):
+    """Gradients inside shard_map, of a loss on out (and on softmax_lse: its cotangent is
+    sharded over the heads like softmax_lse itself)."""
     h, hk = heads
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "float32", [5, 9, 3], [7, 9, 3], h, hk, 32,
                                            pad_q=1)
     dout = jnp.asarray(mk.random_array(rng, q.shape, "float32"))
+    # the padding row sees no key (lse = +inf): out of the loss
+    w = np.where(np.arange(q.shape[0]) < cu_q[-1], rng.standard_normal((h, q.shape[0])), 0.0)
+    w = w if with_lse else np.zeros_like(w)
     kv_spec = P(None, "h", None) if hk >= N else P()
 
     def f(q_, k_, v_, cu_q_, cu_k_):
-        return xj.flash_attn_varlen(q_, k_, v_, cu_q_, cu_k_, 9, 9, causal=True, softcap=3.0)
+        return xj.flash_attn_varlen(q_, k_, v_, cu_q_, cu_k_, 9, 9, causal=True, softcap=3.0,
+                                    return_softmax_lse=True)
 
     sharded = jax.shard_map(f, mesh=mesh, in_specs=(P(None, "h"), kv_spec, kv_spec, P(), P()),
-                            out_specs=P(None, "h"))
-    jcu_q, jcu_k = jnp.asarray(cu_q), jnp.asarray(cu_k)
+                            out_specs=(P(None, "h"), P("h", None)))
+    jcu_q, jcu_k, jw = jnp.asarray(cu_q), jnp.asarray(cu_k), jnp.asarray(w, jnp.float32)
 
     def grads(fn):
-        loss = lambda a, b, c: jnp.sum(fn(a, b, c, jcu_q, jcu_k) * dout)
+        def loss(a, b, c):
+            out, lse = fn(a, b, c, jcu_q, jcu_k)
+            lse_term = jnp.sum(jnp.where(jw != 0, lse, 0.0) * jw) if with_lse else 0.0
+            return jnp.sum(out * dout) + lse_term
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(jnp.asarray(q), jnp.asarray(k),
                                                           jnp.asarray(v))
 
     for a, b in zip(grads(sharded), grads(f)):
         close(a, b, 1e-6)
     want = ref.flash_attn_varlen_bwd_ref(np.asarray(dout), q, k, v, cu_q, cu_k, None, True,
-                                         (-1, -1), 3.0)
+                                         (-1, -1), 3.0, dlse=w if with_lse else None)
     for g, w in zip(grads(sharded), want):
         assert ref.rel_error(g, w) < 1e-5
 

@@ -115,6 +115,15 @@ def test_varlen_grads_under_vmap(rng, mk):
     assert text.count('custom_call_target="xla_attn_flash_bwd_v2"') == 1
     # k, v unmapped: each element's dk, dv (not their sum: vmap of grad is per element)
     check(grad, (0, None, None), q, k[0], v[0], folded=True)
+    # a loss on softmax_lse too: its cotangent folds into the heads with the rest
+    w = mk.random_array(rng, (q.shape[2], q.shape[1]), "float32")
+
+    def loss_lse(q, k, v):
+        out, lse = xj.flash_attn_varlen(q, k, v, cu_q, cu_k, 7, 9, causal=True,
+                                        return_softmax_lse=True)
+        return jnp.sum(out * dout) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * w)
+    text = check(jax.grad(loss_lse, argnums=(0, 1, 2)), (0, 0, 0), q, k, v, folded=True)
+    assert text.count('custom_call_target="xla_attn_flash_bwd_v3"') == 1
 
 
 def test_grad_of_vmap(rng, mk):
