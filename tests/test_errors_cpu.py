@@ -83,6 +83,20 @@ FLASH_CASES = [
     ("paged block_size 0", dict(k=jnp.ones((4, 0, 2, 32)), v=jnp.ones((4, 0, 2, 32)),
                                 block_table=jnp.zeros((2, 2), jnp.int32)), ValueError,
      "flash_attn_varlen: k's block_size must be >= 1, got 0"),
+    # offsets held as numpy arrays are checked on the host (device arrays are not)
+    ("host offsets decreasing", dict(cu_seqlens_q=np.array([0, 6, 4], np.int32)), ValueError,
+     "flash_attn_varlen: cu_seqlens_q must be non-decreasing offsets in [0, 10], got [0, 6, 4]"),
+    ("host offsets past total", dict(cu_seqlens_k=np.array([0, 5, 13], np.int32)), ValueError,
+     "flash_attn_varlen: cu_seqlens_k must be non-decreasing offsets in [0, 12], got [0, 5, 13]"),
+    ("max_seqlen below a host sequence",
+     dict(cu_seqlens_q=np.array([0, 4, 10], np.int32), max_seqlen_q=5), ValueError,
+     "flash_attn_varlen: max_seqlen_q (5) must be >= the longest sequence (6): a GPU computes "
+     "no row or key past it"),
+    ("max_seqlen below host seqused_k",
+     dict(cu_seqlens_k=np.array([0, 5, 12], np.int32), seqused_k=np.array([5, 7], np.int32),
+          max_seqlen_k=6), ValueError,
+     "flash_attn_varlen: max_seqlen_k (6) must be >= the longest sequence (7): a GPU computes "
+     "no row or key past it"),
 ]
 
 
@@ -93,6 +107,16 @@ def test_flash_bad_input(case):
     with pytest.raises(error) as info:
         xla_attn.flash_attn_varlen(**args)
     assert str(info.value) == message
+
+
+def test_host_offsets_bound_by_seqused_k():
+    """max_seqlen_k bounds the keys used: host offsets longer than it are fine where
+    seqused_k (numpy: checked; on the device: not known here) uses fewer keys."""
+    rng = np.random.default_rng(4)
+    for used in (np.array([5, 6], np.int32), jnp.array([5, 6], jnp.int32)):
+        args = _valid(rng) | dict(cu_seqlens_k=np.array([0, 5, 12], np.int32), seqused_k=used,
+                                  max_seqlen_k=6)
+        assert np.isfinite(np.asarray(xla_attn.flash_attn_varlen(**args))).all()
 
 
 def test_numpy_scalars_are_taken_as_static_arguments():

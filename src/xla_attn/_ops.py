@@ -104,6 +104,29 @@ class _Check:
                    f"num_heads ({num_heads}) must be a multiple of num_heads_k ({num_heads_k})")
 
 
+def _offsets_on_host(c: _Check, name: str, cu, total: int, longest_name: str, longest: int,
+                     lengths=None) -> None:
+    """Sequence offsets the caller holds as a numpy array (as built on the host, or closed
+    over in a jitted function) are checked here: non-decreasing within [0, total], and no
+    sequence longer than its max_seqlen (the GPU kernels size their grid by it and would
+    leave the rows past it unwritten). `lengths` (numpy, or None: the offsets' differences)
+    are what max_seqlen bounds; where seqused_k is on the device they are unknown here and
+    only the offsets are checked. Device arrays and tracers are not pulled back to check."""
+    if not isinstance(cu, np.ndarray):
+        return
+    step = np.diff(cu.astype(np.int64))
+    c.value(cu.size == 0 or (int(cu[0]) >= 0 and bool(np.all(step >= 0))
+                             and int(cu[-1]) <= total),
+            f"{name} must be non-decreasing offsets in [0, {total}], got {cu.tolist()[:8]}"
+            f"{' ...' if cu.size > 8 else ''}")
+    if lengths is not None and not isinstance(lengths, np.ndarray):
+        return
+    lengths = step if lengths is None else lengths.astype(np.int64)
+    most = int(lengths.max()) if lengths.size else 0
+    c.value(most <= longest, f"{longest_name} ({longest}) must be >= the longest sequence "
+                             f"({most}): a GPU computes no row or key past it")
+
+
 def _one_of(names: tuple[str, ...]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
@@ -205,6 +228,10 @@ def flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
     max_seqlen_q = total_q if max_seqlen_q is None else c.static_int("max_seqlen_q", max_seqlen_q, 0)
     max_seqlen_k = total_k if max_seqlen_k is None else c.static_int("max_seqlen_k", max_seqlen_k, 0)
+    _offsets_on_host(c, "cu_seqlens_q", cu_seqlens_q, total_q, "max_seqlen_q", max_seqlen_q)
+    if not paged:  # a paged call's keys are counted by seqused_k, its cache is total_k
+        _offsets_on_host(c, "cu_seqlens_k", cu_seqlens_k, total_k, "max_seqlen_k", max_seqlen_k,
+                         seqused_k)
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else _float(c, "softmax_scale",
                                                                           softmax_scale)
     left, right = _window(c, window_size, causal)
