@@ -506,11 +506,30 @@ def _flash_diff_bwd(spec, dense, residuals, cotangents):
         dlse = None if isinstance(dlse, SymbolicZero) else dlse
         operands = (dout, q, k, v, out, lse) + ((alibi, dlse) if dense else (
             cu_q, cu_k, seqused_k, alibi, dlse))
-        dq, dk, dv = _apply(_bwd_op(spec, dense, operands), *operands)
+        dq, dk, dv = _first_order_only(_bwd_op(spec, dense, operands), *operands)
     axes = _vma(dq)
     return (_cotangent(dq, q, axes), _cotangent(dk, k, axes), _cotangent(dv, v, axes),
             None, None, None, None)
 
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _first_order_only(op, *operands):
+    """The backward's call, which has no derivative of its own: differentiating through it
+    (grad of grad, a Hessian) raises this rule's error instead of the partitioner's."""
+    return _apply(op, *operands)
+
+
+def _first_order_only_fwd(op, *operands):
+    return _apply(op, *operands), None
+
+
+def _first_order_only_bwd(op, residuals, cotangents):
+    raise NotImplementedError(
+        "xla_attn: flash attention is differentiable once: its backward has no derivative "
+        "(grad of grad, Hessians and forward-mode autodiff are not supported)")
+
+
+_first_order_only.defvjp(_first_order_only_fwd, _first_order_only_bwd)
 
 # symbolic zeros: a softmax_lse that no loss uses adds no operand to the backward
 _flash_diff.defvjp(_flash_diff_fwd, _flash_diff_bwd, symbolic_zeros=True)
