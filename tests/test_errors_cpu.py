@@ -216,6 +216,14 @@ PAGED_CASES = [
     ("block_size 0", dict(key_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16),
                           value_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16)), ValueError,
      "paged_attention: key_cache's block_size must be >= 1, got 0"),
+    # host (numpy) offsets: checked here, as the Host handler would at run time
+    ("host offsets past total", dict(query_start_loc=np.array([0, 1, 4], np.int32)),
+     ValueError, "paged_attention: query_start_loc must be non-decreasing offsets in [0, 3], "
+     "got [0, 1, 4]"),
+    ("max_query_len below a host span",
+     dict(query_start_loc=np.array([0, 1, 3], np.int32), max_query_len=1), ValueError,
+     "paged_attention: max_query_len (1) must be >= the longest sequence (2): a GPU computes "
+     "no row or key past it"),
 ]
 
 

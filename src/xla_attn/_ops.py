@@ -309,7 +309,8 @@ def paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables, 
                          max_query_len=None) -> PagedSpec:
     """max_query_len: None, or a bound (>= 1) on every sequence's query count, which
     sizes the GPU launch (a decode batch: 1). A bound below a real count is an error on
-    the Host; on a GPU the rows of that sequence are NaN or left unwritten."""
+    the Host, and here where query_start_loc is a numpy array (without num_seqs); on a GPU
+    the rows of that sequence are NaN or left unwritten."""
     c = _Check("paged_attention")
     c.arrays(query=query, key_cache=key_cache, value_cache=value_cache, seq_lens=seq_lens,
              block_tables=block_tables, query_start_loc=query_start_loc)
@@ -341,6 +342,9 @@ def paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables, 
         c.dtype("alibi_slopes", alibi_slopes, ("float32",))
     window = 0 if sliding_window is None else c.static_int("sliding_window", sliding_window, 1)
     max_q = 0 if max_query_len is None else c.static_int("max_query_len", max_query_len, 1)
+    if num_seqs is None:  # with num_seqs, the offsets past its sequences are not read
+        _offsets_on_host(c, "query_start_loc", query_start_loc, shape(query)[0],
+                         "max_query_len", max_q or shape(query)[0])
     cap = 0.0 if soft_cap is None else _float(c, "soft_cap", soft_cap, 0.0)
     fmt = _cache_format(c, kv_cache_dtype, key_cache, None)
     return PagedSpec(scale=_float(c, "scale", scale), soft_cap=cap, sliding_window=window,
