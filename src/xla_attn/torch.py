@@ -302,10 +302,9 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     `block_table`, a paged cache `(num_blocks, block_size, Hk, D)`. Returns out like q
     (bf16 for fp8 q) and, if asked, softmax_lse `(H, total_q)` float32.
     Differentiable in q, k, v when not paged and not fp8, through out and softmax_lse
-    alike (one backward call either way). On CUDA the backward adds dq
-    up with float atomics (its last bits may vary from run to run, as flash-attn's);
-    `deterministic=True` takes the slower backward without them. On XLA devices the
-    backward is always the deterministic one."""
+    alike (one backward call either way). On CUDA (and on torch_xla's CUDA devices) the
+    backward adds dq up with float atomics (its last bits may vary from run to run, as
+    flash-attn's); `deterministic=True` takes the slower backward without them."""
     spec = _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes,
                                   seqused_k, block_table, q_descale, k_descale, v_descale,
