@@ -28,14 +28,16 @@ def _lib():
     return lib, run, size
 
 
-def legacy_run(descriptor: bytes, arrays) -> str:
-    """Runs a descriptor on the Host over numpy buffers (None: absent); returns the
-    error message ("" on success)."""
+def legacy_run(descriptor: bytes, arrays, platform: int = 0,
+               address=lambda a: a.ctypes.data) -> str:
+    """Runs a descriptor over buffers (None: absent): numpy arrays on the Host (platform
+    0), or any buffers whose device `address` the caller gives (CUDA: 1, on the null
+    stream); returns the error message ("" on success)."""
     _, run, _ = _lib()
     pointers = (ctypes.c_void_p * len(arrays))(
-        *[None if a is None else a.ctypes.data for a in arrays])
+        *[None if a is None else address(a) for a in arrays])
     error = ctypes.create_string_buffer(1024)
-    status = run(0, None, pointers, descriptor, len(descriptor), error, len(error))
+    status = run(platform, None, pointers, descriptor, len(descriptor), error, len(error))
     assert (status == 0) == (error.value == b"")
     return error.value.decode()
 

@@ -17,6 +17,17 @@ _HEADER = "<IHHII"
 
 # op name -> (code, handler symbol, [(field, struct code)]) in kernels/ffi/legacy.h order.
 _I64, _I32, _F32 = "q", "i", "f"
+# The v1 bodies that a later op extends (legacy.h embeds the v1 struct, then appends).
+_FLASH_BWD = [
+    ("total_q", _I64), ("total_k", _I64), ("batch", _I32), ("num_heads", _I32),
+    ("num_heads_k", _I32), ("head_dim", _I32), ("max_seqlen_q", _I32), ("max_seqlen_k", _I32),
+    ("alibi_batch_stride", _I32), ("window_left", _I32), ("window_right", _I32),
+    ("softmax_scale", _F32), ("softcap", _F32), ("dtype", _I32)]
+_PAGED = [
+    ("total_q", _I64), ("workspace_bytes", _I64), ("max_num_seqs", _I32), ("num_heads", _I32),
+    ("num_heads_k", _I32), ("head_dim", _I32), ("num_blocks", _I32), ("block_size", _I32),
+    ("max_blocks_per_seq", _I32), ("sliding_window", _I32), ("scale", _F32),
+    ("soft_cap", _F32), ("q_dtype", _I32), ("cache_dtype", _I32)]
 OPS = {
     "flash_fwd": (1, "XlaAttnFlashFwdV1Legacy", [
         ("total_q", _I64), ("total_k", _I64), ("workspace_bytes", _I64),
@@ -25,32 +36,15 @@ OPS = {
         ("block_size", _I32), ("max_blocks_per_seq", _I32), ("alibi_batch_stride", _I32),
         ("window_left", _I32), ("window_right", _I32), ("softmax_scale", _F32),
         ("softcap", _F32), ("q_dtype", _I32), ("kv_dtype", _I32), ("out_dtype", _I32)]),
-    "flash_bwd": (2, "XlaAttnFlashBwdV1Legacy", [
-        ("total_q", _I64), ("total_k", _I64), ("batch", _I32), ("num_heads", _I32),
-        ("num_heads_k", _I32), ("head_dim", _I32), ("max_seqlen_q", _I32),
-        ("max_seqlen_k", _I32), ("alibi_batch_stride", _I32), ("window_left", _I32),
-        ("window_right", _I32), ("softmax_scale", _F32), ("softcap", _F32), ("dtype", _I32)]),
+    "flash_bwd": (2, "XlaAttnFlashBwdV1Legacy", _FLASH_BWD),
     # xla_attn_flash_bwd_v3: flash_bwd's body plus workspace_bytes; buffer 10 is dlse, the
     # results dq dk dv workspace.
-    "flash_bwd_v3": (6, "XlaAttnFlashBwdV3Legacy", [
-        ("total_q", _I64), ("total_k", _I64), ("batch", _I32), ("num_heads", _I32),
-        ("num_heads_k", _I32), ("head_dim", _I32), ("max_seqlen_q", _I32),
-        ("max_seqlen_k", _I32), ("alibi_batch_stride", _I32), ("window_left", _I32),
-        ("window_right", _I32), ("softmax_scale", _F32), ("softcap", _F32), ("dtype", _I32),
-        ("workspace_bytes", _I64)]),
-    "paged_attention": (3, "XlaAttnPagedAttentionV1Legacy", [
-        ("total_q", _I64), ("workspace_bytes", _I64), ("max_num_seqs", _I32),
-        ("num_heads", _I32), ("num_heads_k", _I32), ("head_dim", _I32), ("num_blocks", _I32),
-        ("block_size", _I32), ("max_blocks_per_seq", _I32), ("sliding_window", _I32),
-        ("scale", _F32), ("soft_cap", _F32), ("q_dtype", _I32), ("cache_dtype", _I32)]),
+    "flash_bwd_v3": (6, "XlaAttnFlashBwdV3Legacy", _FLASH_BWD + [("workspace_bytes", _I64)]),
+    "paged_attention": (3, "XlaAttnPagedAttentionV1Legacy", _PAGED),
     # xla_attn_paged_attention_v2: a body of its own (bodies never change), v1's plus
     # max_query_len; buffer 9 is alibi_slopes.
-    "paged_attention_v2": (5, "XlaAttnPagedAttentionV2Legacy", [
-        ("total_q", _I64), ("workspace_bytes", _I64), ("max_num_seqs", _I32),
-        ("num_heads", _I32), ("num_heads_k", _I32), ("head_dim", _I32), ("num_blocks", _I32),
-        ("block_size", _I32), ("max_blocks_per_seq", _I32), ("sliding_window", _I32),
-        ("scale", _F32), ("soft_cap", _F32), ("q_dtype", _I32), ("cache_dtype", _I32),
-        ("max_query_len", _I32)]),
+    "paged_attention_v2": (5, "XlaAttnPagedAttentionV2Legacy",
+                           _PAGED + [("max_query_len", _I32)]),
     "reshape_and_cache_flash": (4, "XlaAttnReshapeAndCacheFlashV1Legacy", [
         ("num_tokens", _I64), ("num_slots", _I64), ("num_heads_k", _I32), ("head_dim", _I32),
         ("block_size", _I32), ("num_blocks", _I32), ("src_dtype", _I32), ("cache_dtype", _I32),

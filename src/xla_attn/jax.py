@@ -429,11 +429,9 @@ def _flash_bwd_impl(spec: _ops.FlashSpec, dout, q, k, v, out, lse, cu_q, cu_k, s
     workspace = 0 if spec.deterministic else _native.flash_bwd_workspace_size(
         total_q, cu_q.shape[0] - 1, num_heads, head_dim, q.dtype.name)
     results += (jax.ShapeDtypeStruct((workspace,), jnp.uint8),)
-    if dlse is None:
-        dq, dk, dv, _ = _call("xla_attn_flash_bwd_v2", results, *operands, **spec.attributes())
-    else:
-        dq, dk, dv, _ = _call("xla_attn_flash_bwd_v3", results, *operands,
-                              jnp.asarray(dlse, jnp.float32), **spec.attributes())
+    extra = () if dlse is None else (jnp.asarray(dlse, jnp.float32),)  # v3: v2 + dlse
+    dq, dk, dv, _ = _call("xla_attn_flash_bwd_v3" if extra else "xla_attn_flash_bwd_v2",
+                          results, *operands, *extra, **spec.attributes())
     return dq, dk, dv
 
 

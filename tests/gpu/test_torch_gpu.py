@@ -71,8 +71,7 @@ def test_legacy_flash_bwd_v3_on_cuda(rng, mk, case, deterministic):
     """torch_xla's CUDA route (the untyped legacy call of xla_attn_flash_bwd_v3, op 6) run
     through the C ABI on CUDA buffers: bf16 with softmax_lse's cotangent, with the workspace
     (atomic dQ) or a 0-byte one, against the float64 reference; results poisoned first."""
-    import ctypes
-
+    import test_xla_legacy_cpu as legacy
     from xla_attn import _capi, _native, _xla_legacy
     from xla_attn.testing import reference as ref
 
@@ -103,16 +102,9 @@ def test_legacy_flash_bwd_v3_on_cuda(rng, mk, case, deterministic):
                                               device=DEVICE)]
     descriptor = _xla_legacy.encode("flash_bwd_v3", _xla_legacy.present_mask(*operands),
                                     **fields)
-    run = _native.lib()["xla_attn_legacy_run"]
-    run.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
-                    ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
-    pointers = (ctypes.c_void_p * len(buffers))(*[None if x is None else x.data_ptr()
-                                                  for x in buffers])
-    error = ctypes.create_string_buffer(1024)
     torch.cuda.synchronize()  # the legacy stream (null) after torch's work
     platform = _capi.CUDA if DEVICE == "cuda" else _capi.HOST
-    assert run(platform, None, pointers, descriptor, len(descriptor), error, len(error)) == 0, (
-        error.value.decode())
+    assert legacy.legacy_run(descriptor, buffers, platform, lambda t: t.data_ptr()) == ""
     torch.cuda.synchronize()
     expected = ref.flash_attn_varlen_bwd_ref(
         dout, a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"], 0.3, **kw,
