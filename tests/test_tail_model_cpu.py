@@ -3,6 +3,8 @@ import pathlib
 import random
 import sys
 
+import pytest
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
 import tail_model as tm  # noqa: E402
 
@@ -33,3 +35,9 @@ def test_tail_order_finishes_nearer_the_ideal_on_causal_rows():
         after = tm.over_ideal(kernel, d, 4096, 132, remap=True)
         assert 1.0 <= after < before
         assert before > 1.05 and after < 1.03
+
+
+def test_a_wider_tail_finishes_the_varlen_row_nearer_the_ideal():
+    pytest.importorskip("numpy")  # bench.py's lengths
+    two, eight = (tm.varlen_over_ideal(0, 132, w) for w in (2, 8))
+    assert two > 1.03 and 1.0 <= eight < 1.02

@@ -12,7 +12,8 @@ wheel with the Hopper forward's walk forced). Shapes follow tools/bench.py's den
 (--tokens = batch x seqlen, 16 K; H x D = 2048); a config is
 dtype:head_dim:seqlen[:causal], dtype bf16 or fp8 (e4m3 q, k, v through flash_attn_varlen,
 bf16 out); seqlen `varlen` is bench.py's varlen row (VARLEN_SEQS causal sequences of random
-lengths, --tokens in all, through flash_attn_varlen). Prints TFLOP/s (best of the rounds)
+lengths, --tokens in all, through flash_attn_varlen), `varlenN` the same with the lengths of
+seed N (bench.py's --seed). Prints TFLOP/s (best of the rounds)
 and, per wheel, the relative error of its output (fwd_bwd: of its worst gradient of q, k
 and v) against jax's own attention in f32 on one batch and two heads (the other
 batches and heads do not enter their gradients), then each wheel's ratio to the first. A
@@ -45,14 +46,16 @@ from xla_attn import jax as xj
 res = {}
 for dt, d, s, causal in CONFIGS:
     h = 2048 // d
-    # s = 0: the varlen row, its sequences one batch row (1, total, H, D) of the packed rows
-    lens = [s] * (TOKENS // s) if s else varlen_lengths(VARLEN_SEQS, TOKENS // VARLEN_SEQS)
-    b, rows = (len(lens), s) if s else (1, sum(lens))
-    ks = jax.random.split(jax.random.fold_in(jax.random.key(1), d * s), 3)
+    # s <= 0: the varlen row (lengths of seed -s), its sequences one batch row (1, total,
+    # H, D) of the packed rows
+    lens = ([s] * (TOKENS // s) if s > 0
+            else varlen_lengths(VARLEN_SEQS, TOKENS // VARLEN_SEQS, seed=-s))
+    b, rows = (len(lens), s) if s > 0 else (1, sum(lens))
+    ks = jax.random.split(jax.random.fold_in(jax.random.key(1), d * abs(s)), 3)
     # values e4m3 holds exactly, so that the bf16 and fp8 rows compute the same numbers
     q, k, v = (jax.random.normal(x, (b, rows, h, d), jnp.float32).astype(jnp.float8_e4m3fn)
                .astype(jnp.bfloat16) for x in ks)
-    if dt == "fp8" or not s:
+    if dt == "fp8" or s <= 0:
         cu = jnp.cumsum(jnp.asarray([0] + lens, jnp.int32))
         kind = jnp.float8_e4m3fn if dt == "fp8" else jnp.bfloat16
         # packed (and cast to e4m3) once, outside the timed function: timed with the
@@ -82,7 +85,8 @@ for dt, d, s, causal in CONFIGS:
                     / jnp.linalg.norm(w)) for g, w in zip(got, want))
     t = measure(lambda i: fn(*args), jax.block_until_ready, budget_s=0.4, max_samples=7)["s"]
     flops = varlen_flops(lens, h, d, causal, OP == "fwd_bwd")
-    res[f"{dt} d{d} {f'S{s}' if s else 'varlen'} {'causal' if causal else 'full'}"] = (
+    name = f"S{s}" if s > 0 else f"varlen{-s}" if s else "varlen"
+    res[f"{dt} d{d} {name} {'causal' if causal else 'full'}"] = (
         flops / t / 1e12, err)
 print("RESULT " + json.dumps(res))
 '''
@@ -90,7 +94,7 @@ print("RESULT " + json.dumps(res))
 
 def parse_configs(text: str, tokens: int = 16384) -> list[tuple[str, int, int, bool]]:
     """'bf16:128:512:causal,fp8:128:8192,bf16:128:varlen' -> [("bf16", 128, 512, True),
-    ..., ("bf16", 128, 0, True)] (seqlen 0: the varlen row, causal)."""
+    ..., ("bf16", 128, 0, True)] (seqlen <= 0: the varlen row of seed -seqlen, causal)."""
     configs = []
     for item in filter(None, (x.strip() for x in text.split(","))):
         parts = item.split(":")
@@ -98,14 +102,16 @@ def parse_configs(text: str, tokens: int = 16384) -> list[tuple[str, int, int, b
                 len(parts) == 4 and parts[3] != "causal"):
             raise ValueError(f"config {item!r}: expected dtype:head_dim:seqlen[:causal] "
                              "(seqlen a number or varlen), dtype bf16 or fp8")
-        if not parts[1].isdigit() or not (parts[2].isdigit() or parts[2] == "varlen"):
+        seed = parts[2].removeprefix("varlen")
+        varlen = parts[2].startswith("varlen") and (seed == "" or seed.isdigit())
+        if not parts[1].isdigit() or not (parts[2].isdigit() or varlen):
             raise ValueError(f"config {item!r}: head_dim and seqlen must be numbers "
-                             "(seqlen: or varlen)")
-        d, s = int(parts[1]), 0 if parts[2] == "varlen" else int(parts[2])
-        if tokens % (s or VARLEN_SEQS) or 2048 % d:
+                             "(seqlen: or varlen, varlenN)")
+        d, s = int(parts[1]), -int(seed or 0) if varlen else int(parts[2])
+        if tokens % (s if s > 0 else VARLEN_SEQS) or 2048 % d:
             raise ValueError(f"config {item!r}: seqlen must divide {tokens} (varlen: "
                              f"{VARLEN_SEQS} must), head_dim 2048")
-        configs.append((parts[0], d, s, len(parts) == 4 or not s))
+        configs.append((parts[0], d, s, len(parts) == 4 or s <= 0))
     return configs
 
 

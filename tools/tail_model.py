@@ -12,7 +12,9 @@ cost. The makespan is printed over the ideal (all work spread evenly over the SM
 the bench's dense causal rows (16 K tokens, H x D = 2048), in launch order and with the
 kernels' remap: the last (head, sequence) pairs, enough for two blocks an SM, start
 longest first across the pairs. A model, not a measurement: docs/benchmarks.md section
-(16) has the A/B on an H100.
+(16) has the A/B on an H100. Then the walk's varlen rows (tools/bench.py's 16 causal
+sequences of random lengths, seeds 0-3) with that tail over 2, 4 and 8 items an SM, and
+every pair in it: where lengths differ the launcher takes 8 (section (29)).
 """
 from __future__ import annotations
 
@@ -31,12 +33,13 @@ def makespan(durations, sms: int) -> float:
 
 
 def tail_first(x: int, y: int, z: int, grid: tuple[int, int, int], batch: int,
-               sms: int) -> tuple[int, int, int]:
+               sms: int, waves: int = 2) -> tuple[int, int, int]:
     """The kernels' remap of block (x, y, z): x the block within a (head, sequence) pair,
-    y the head, z the sequence; the padding sequence z == batch keeps its place."""
+    y the head, z the sequence; the padding sequence z == batch keeps its place. The tail
+    covers `waves` blocks an SM."""
     blocks, heads, _ = grid
     pairs = heads * batch
-    tail_pairs = min(pairs, (2 * sms + blocks - 1) // blocks)
+    tail_pairs = min(pairs, (waves * sms + blocks - 1) // blocks)
     tail0 = (pairs - tail_pairs) * blocks
     linear = x + blocks * (y + heads * z)
     if tail0 <= linear < pairs * blocks:
@@ -46,14 +49,15 @@ def tail_first(x: int, y: int, z: int, grid: tuple[int, int, int], batch: int,
     return x, y, z
 
 
-def launch_order(grid: tuple[int, int, int], batch: int, sms: int, remap: bool):
+def launch_order(grid: tuple[int, int, int], batch: int, sms: int, remap: bool,
+                 waves: int = 2):
     """The blocks' (x, y, z) in the order the kernel works on them: launch order is x
     fastest, then y, then z; the padding sequence's blocks are left out (no work)."""
     blocks, heads, _ = grid
     for z in range(batch):
         for y in range(heads):
             for x in range(blocks):
-                yield tail_first(x, y, z, grid, batch, sms) if remap else (x, y, z)
+                yield tail_first(x, y, z, grid, batch, sms, waves) if remap else (x, y, z)
 
 
 def causal_rows(kernel: str, head_dim: int, seqlen: int):
@@ -78,6 +82,24 @@ def over_ideal(kernel: str, head_dim: int, seqlen: int, sms: int, remap: bool) -
     return makespan(durations, sms) / (sum(durations) / sms)
 
 
+def varlen_over_ideal(seed: int, sms: int, waves: int) -> float:
+    """The walk's d128 forward on bench.py's varlen row (lengths of `seed`): items of 128
+    rows, each pair's last row block first (x = 0), row block m seeing m + 1 tiles of 128
+    keys plus a fixed 1.0; items past a sequence's rows are dropped (the walk skips them
+    behind its stage ring, section (20))."""
+    from bench import varlen_lengths
+
+    lengths, heads = varlen_lengths(16, 1024, seed), 16
+    blocks = (max(lengths) + 127) // 128
+    grid = (blocks, heads, len(lengths) + 1)
+    durations = []
+    for x, _, z in launch_order(grid, len(lengths), sms, True, waves):
+        m = blocks - 1 - x
+        if m * 128 < lengths[z]:
+            durations.append((min(lengths[z], m * 128 + 128) - 1) // 128 + 2.0)
+    return makespan(durations, sms) / (sum(durations) / sms)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,6 +112,10 @@ def main() -> None:
                 a = over_ideal(kernel, d, s, args.sms, False)
                 b = over_ideal(kernel, d, s, args.sms, True)
                 print(f"{kernel:6}  {d:<4} {s:<6} {a:12.3f}  {b:18.3f}")
+    print("\nwalk, varlen row  tail over 2 / 4 / 8 items an SM / every pair")
+    for seed in range(4):
+        cells = [varlen_over_ideal(seed, args.sms, w) for w in (2, 4, 8, 1 << 20)]
+        print(f"seed {seed}            " + " / ".join(f"{c:.3f}" for c in cells))
 
 
 if __name__ == "__main__":

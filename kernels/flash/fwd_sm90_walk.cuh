@@ -54,7 +54,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   auto locate = [&](int item, FwdBlock& blk, int thread, int threads) {
     int x = item % a.row_blocks, head = item / a.row_blocks % p.num_heads,
         seq = item / a.row_blocks / p.num_heads;
-    longest_first_tail(p.batch, a.row_blocks, p.num_heads, int(gridDim.x), &x, &head, &seq);
+    longest_first_tail(p.batch, a.row_blocks, p.num_heads, int(gridDim.x), &x, &head, &seq,
+                       a.tail_waves);
     return blk.at<Out>(p, kBlockM, a.row_blocks, x, head, seq, thread, threads);
   };
   // The padding rows' items (sequence `batch`, one a head: their consumers zero the rows

@@ -39,12 +39,13 @@ __device__ __forceinline__ int real_batch(int batch, const int32_t* batch_used) 
 // causal fwd+bwd +1-4 %, forward d256 S = 4096 +9-13 %, d128 +2-6 %, but d256 S = 512 (4
 // row blocks a head) -3 %. Remaps (x, y, z) of such a block of `blocks` x `heads` x
 // (batch + 1) run `sms` at a time; the padding blocks stay. The persistent forward
-// (fwd_sm90_walk.cuh) remaps its items so, its blocks claiming them in order.
+// (fwd_sm90_walk.cuh) remaps its items so, its blocks claiming them in order; its tail
+// covers `waves` items an SM (launch.cc: 8 where sequence lengths differ).
 // 32-bit: the launchers keep these grids under 2^31 blocks.
 __device__ __forceinline__ void longest_first_tail(int batch, int blocks, int heads, int sms,
-                                                   int* x, int* y, int* z) {
+                                                   int* x, int* y, int* z, int waves = 2) {
   const int pairs = heads * batch;
-  const int tail_pairs = min(pairs, (2 * sms + blocks - 1) / blocks);
+  const int tail_pairs = min(pairs, (waves * sms + blocks - 1) / blocks);
   const int tail0 = (pairs - tail_pairs) * blocks;
   const int linear = *x + blocks * (*y + heads * *z);
   if (linear >= tail0 && linear < pairs * blocks) {

@@ -257,6 +257,7 @@ struct Args {
   int row_blocks;
   int items;
   int* item_counter;
+  int tail_waves;  // items an SM the walk's longest-first tail covers (launch.cc)
 };
 constexpr size_t kItemCounterBytes = sizeof(int);
 
