@@ -375,6 +375,323 @@ __device__ __forceinline__ void transpose_v_e4m3(uint32_t raw, uint32_t vt, int 
   }
 }
 
+// The stage barriers' kinds, bar(kind, st) in both kernels: full_k, full_v (the
+// producer's copies landed), empty_k, empty_v (the consumers are done reading); fp8's
+// full_vt (V^T written) and empty_raw (the raw V stage back to the copying thread).
+enum { kFullK, kFullV, kEmptyK, kEmptyV, kFullVt, kEmptyRaw };
+
+// A consumer thread's indices (consume_item): tid among the consumer threads (0 ..
+// 128 kWgs - 1), its lane, its warpgroup wg, the warpgroup's first row in the block row0,
+// its warp in the warpgroup, and g = lane / 4, t = lane % 4 (its rows and column pair
+// in the mma fragments).
+struct ConsumerThread {
+  int tid, lane, wg, row0, warp, g, t;
+};
+
+// The shared memory a consumer reads (consume_item): the item's Q buffer, the K, V and
+// fp8 V^T rings (sm90_tiles.h), paged: each consumer warp's valid bytes.
+struct ConsumerSmem {
+  uint32_t sQ, sK, sV, sVt;
+  unsigned char* warp_valid;
+};
+
+// A consumer thread's share of one item (blk, its keys [n_lo, n_hi) in `tiles` tiles):
+// its products, softmax, epilogue and O written out, one source for flash_fwd_sm90 (one
+// item a block; kWalk false) and flash_fwd_sm90_walk (its consume; kWalk). Both kernels'
+// machine code is what it was when each wrote this out itself (SASS compared kernel by
+// kernel; one kernel with a run-time walk ran 3-6 % slower, fwd_sm90_walk.cuh): the few
+// kWalk branches below keep each kernel's own order where the other changed ptxas's. Tile
+// j sits in stage (g0 + j) % ring (g0: the walk's tiles before the item; 0 for one item a
+// block); bar(kind, st) and parity(g, ring) are the kernel's barriers; my_turn() and
+// their_turn(last) its ping-pong turns (last: the item's last hand-over). One item a
+// block, the consumers wait for Q here (q_full) and warpgroup 1 makes its first hand-over
+// here; the walk waits for each item's Q before and makes that hand-over once, before the
+// walk. own_tiles (the walk, where warpgroups pass tiles): the warpgroup's tiles from the
+// item's record.
+template <typename T, int D, int kWgs, bool kPaged, bool kWalk, typename Bar, typename Parity,
+          typename MyTurn, typename TheirTurn>
+__device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk, int n_lo,
+                                             int n_hi, int tiles, const KeyRows& keys,
+                                             const ConsumerSmem& sm, uint32_t q_full, int g0,
+                                             int own_tiles, const ConsumerThread& th, Bar&& bar,
+                                             Parity&& parity, MyTurn&& my_turn,
+                                             TheirTurn&& their_turn) {
+  // the kernels' tile shapes and rings (sm90_tiles.h)
+  constexpr int kBlockN = block_n(D);
+  constexpr int kBlockM = block_m(kWgs);  // kWgs consumer warpgroups of 64 rows
+  constexpr int kConsumers = 128 * kWgs;  // consumer threads
+  constexpr int kEB = int(sizeof(T));  // element bytes: 2, or 1 for e4m3
+  constexpr bool kFp8 = kEB == 1;
+  constexpr int kColBlocks = col_blocks(D, kEB);  // 128-byte column blocks of a row
+  constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
+  constexpr int kNT = kBlockN / 8;    // n8 tiles of S
+  constexpr int kDT = D / 8;          // n8 tiles of O
+  constexpr uint32_t kKVBytes = kColBlocks * kBlockN * kRowBytes;  // a K or V tile
+  constexpr uint32_t kVtBytes = vt_bytes(D, kEB);  // fp8: V^T, D rows of kBlockN bytes
+  constexpr int kKRing = k_stages(D, kEB), kVRing = v_stages(D, kEB), kVtRing = vt_stages(kEB);
+  constexpr int kPvRing = kFp8 ? kVtRing : kVRing;
+  constexpr bool paged = kPaged;
+  const xla_attn_flash_fwd_params& p = a.p;
+  const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd;
+  const Sequence& s = blk.s;
+  const Window& win = blk.win;
+  const int tid = th.tid, lane = th.lane, wg = th.wg, row0 = th.row0, warp = th.warp,
+            g = th.g, t = th.t;
+  const uint32_t sQ = sm.sQ, sK = sm.sK, sV = sm.sV, sVt = sm.sVt;
+
+  // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).
+  const sm80::ScoreTransform sx =
+      sm80::ScoreTransform::of(p, b, h, descale<T>(p.q_descale) * descale<T>(p.k_descale));
+  const bool softcap = sx.softcap, prescale = sx.prescale;
+  const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
+  // Keys every row of the block sees, inside its range: tiles there need no mask.
+  int full_lo, full_hi;
+  win.keys_seen_by_all(m0, min(m0 + kBlockM, s.num_q) - 1, s.offset, s.num_k, &full_lo,
+                       &full_hi);
+  full_hi = min(full_hi, n_hi);
+
+  float o[1][kDT][4] = {};  // rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16
+  float m[1][2] = {{-XLA_ATTN_INF, -XLA_ATTN_INF}}, l[1][2] = {{0.f, 0.f}};
+  float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
+  float sc[1][kNT][4];
+  float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
+  uint32_t pa[kPSteps][4];  // P of the previous tile, P V's A operand
+  // Consumer warp's release of stage st's K or V (after __syncwarp, every lane's reads
+  // of the product that used it have completed). The walk makes the barrier's address
+  // before the __syncwarp, one item a block after it: the same work, but the other
+  // order changed ptxas's schedule (the d64 paged and three-consumer walk kernels).
+  auto release = [&](int kind, int st) {
+    if constexpr (kWalk) {
+      const uint32_t at = bar(kind, st);
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(at);
+    } else {
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(bar(kind, st));
+    }
+  };
+
+  // S = Q K_j^T, issued once K_j has landed (issue_qk)
+  auto issue_s = [&](int j) {
+    const int st = (g0 + j) % kKRing;
+    sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
+    issue_qk<T, D, kBlockM>(s_flat, sQ + row0 * kRowBytes, sK + st * kKVBytes);
+  };
+  // 16-bit: the last tile's V rows past the block's key range are zeroed before P V
+  // reads them (they may hold the next sequence's keys or NaN padding, and 0 x NaN is
+  // NaN): both consumer warpgroups read them, so all their threads write a share and
+  // meet, outside their turns (ping-pong) since both must get here. fp8: the producer
+  // zeroes those keys of the V^T tile.
+  auto zero_v_tail = [&](int j) {
+    const int st = (g0 + j) % kPvRing, n0 = n_lo + j * kBlockN;
+    if (!kFp8 && n0 + kBlockN > n_hi) {
+      const uint32_t tV = sV + st * kKVBytes;
+      sm90::mbar_wait(bar(kFullV, st), parity(g0 + j, kVRing));
+      const int have = n_hi - n0;
+      for (int c = tid; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
+        if ((c / (kRowBytes / 16)) % kBlockN >= have) {
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
+                       "r"(0u)
+                       : "memory");
+        }
+      }
+      sm90::fence_proxy_async_shared();
+      sm90::named_barrier_unaligned(1, kConsumers);  // reached from two loops
+    }
+  };
+  // Tile j's P V operand, V_j (fp8: its V^T tile), waited for; its shared address
+  auto pv_tile = [&](int j) {
+    const int st = (g0 + j) % kPvRing;
+    if constexpr (kFp8) {
+      sm90::mbar_wait(bar(kFullVt, st), parity(g0 + j, kVtRing));
+      return sVt + st * kVtBytes;
+    } else {
+      sm90::mbar_wait(bar(kFullV, st), parity(g0 + j, kVRing));
+      return sV + st * kKVBytes;
+    }
+  };
+  // O += P V_j, issued once V_j is there (issue_pv_on)
+  auto issue_pv = [&](int j) { issue_pv_on<T, D>(o_flat, pa, pv_tile(j)); };
+  // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is
+  // handed back (corr, rescale) for after the P V product in flight.
+  float corr[1][2];
+  bool rescale = false;
+  // paged: whether lane i's box of tile j (keys i * kv_box_rows ..) has a page, looked
+  // up as the tile starts (the table read in flight behind S's product); boxes past
+  // the tile or the key range count as present (the range masks them).
+  auto box_present = [&](int j) {
+    const int r = lane * a.kv_box_rows, key = n_lo + j * kBlockN + r;
+    return !paged || r >= kBlockN || key >= n_hi || keys.row(b, 0, key) >= 0;
+  };
+  // Where some box has none, the warp writes its keys' valid bytes (TileSoftmax's
+  // valid[]; box_rows >= 8, so 4 adjacent keys share a box) in its own slice.
+  unsigned char* const my_valid = sm.warp_valid + (tid / 32) * kBlockN;
+  // sm80::TileSoftmax for the tile whose first key is n0 (absent: some key has no page)
+  auto tile_softmax = [&](int n0, bool absent) {
+    return sm80::TileSoftmax{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t, win,
+                             mul, cap, exp_mul, slope / exp_mul, prescale,
+                             prescale || slope != 0.f, absent, my_valid};
+  };
+  auto softmax = [&](int j, bool present) {
+    const int n0 = n_lo + j * kBlockN;
+    const uint32_t boxes = paged ? __ballot_sync(0xffffffffu, present) : 0xffffffffu;
+    const bool absent = boxes != 0xffffffffu;
+    if (absent) {
+      for (int x = 4 * lane; x < kBlockN; x += 128) {
+        *reinterpret_cast<uint32_t*>(my_valid + x) =
+            (boxes >> (x / a.kv_box_rows)) & 1u ? 0x01010101u : 0u;
+      }
+      __syncwarp();
+    }
+    const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi) | absent;
+    const sm80::TileSoftmax tsm = tile_softmax(n0, absent);
+    rescale = false;
+    auto defer = [&](const float (&c)[1][2]) {
+      corr[0][0] = c[0][0];
+      corr[0][1] = c[0][1];
+      rescale = true;
+    };
+    if (!(mask | softcap)) {
+      tsm.run_with<false, false>(sc, m, l, defer);
+    } else if (!softcap) {
+      tsm.run_with<true, false>(sc, m, l, defer);
+    } else if (!mask) {
+      tsm.run_with<false, true>(sc, m, l, defer);
+    } else {
+      tsm.run_with<true, true>(sc, m, l, defer);
+    }
+  };
+  // The softmax against the running max as it stands (softmax_of_landed_s; TileSoftmax::
+  // exps_at_max) where it pays (sm90_tiles.h, at_running_max): not on an item's first
+  // tile (no max yet) nor with softcap, ALiBi, a score factor <= 0 or paged K/V; the
+  // warpgroup agrees on the outcome (a barrier with a vote), since S is computed again
+  // by all of it.
+  constexpr bool kAtMax = !paged && at_running_max(D, kEB);  // sm90_tiles.h
+  auto softmax_at_max = [&](int j) {
+    if constexpr (!kAtMax) {
+      return 0;
+    } else {
+      if (j == 0 || softcap || prescale || slope != 0.f) return 0;
+      const int n0 = n_lo + j * kBlockN;
+      rescale = false;  // where it is not done, the whole softmax sets it
+      return softmax_at_running_max(tile_softmax(n0, false),
+                                    (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
+    }
+  };
+  // P rounded into P V's A fragments (round_p), once the previous P V has completed.
+  auto to_p = [&] { round_p<T>(pa, sc); };
+  // O's deferred rescale (softmax), once no product is writing O
+  auto rescale_o = [&] {
+    if (rescale) scale_o_rows(o, corr);
+  };
+
+  // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
+  // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O
+  // is rescaled once it has landed (with ping-pong, products issued in the warpgroup's
+  // turn: my_turn, their_turn).
+  // The walk at d128 hands the turn over once S_j is issued, before P_{j-1} V_{j-1}, so
+  // that the other's S can queue behind this S rather than behind both products (the
+  // walk's own clock: S_j landed 800 cycles after its issue at S=4096, its softmax
+  // 1,378). H100, same runs, 3 rounds each: S = 4096 full +1.4 / +3.3 %, causal +3.5 %,
+  // 8192 +2.4 %, 16384 +1.2 / +1.7 %, S = 512 .. 2048 -1.3 .. +2.1 % (within the
+  // spread); at d64 as well, causal S = 512 lost 5.6 %, so d64 keeps both products in
+  // its turn.
+  constexpr bool kEarlyHandOver = kWalk && D == 128;
+  // The tiles this warpgroup computes (warpgroup_tiles; the walk: own_tiles, from the
+  // item's record), then the rest passed: waited for and released, the last one's V tail
+  // zeroed with the other warpgroups (they meet there). Not with ping-pong (every tile
+  // takes turns). fp8 here (past its walk's rows) too: its tile loop holds 9 local loads
+  // / stores against 12 without. The walk, H100, same run, best of 3: fp8 d64 (the bound
+  // computed by the consumers) causal S = 512 / 1024 / 2048 +3.4 / +13 / +4.7 %, full S =
+  // 512 / 2048 (no tile to pass) -1.3 / -1.8 %; then with the bound from the record, fp8
+  // d128 causal S = 512 / 1024 / 2048 +7.1 / +14.2 / +5.4 %, full S = 512 -0.8 %; fp8 d64
+  // causal S = 512 / 1024 +2.3 / +2.0 %; bf16 d64 (three warpgroups) full S = 1024 +2.7 %,
+  // causal S = 1024 / 2048 / 4096 +2.0 / -0.4 / +0.6 %.
+  constexpr bool kPassesTiles = !ping_pong(kWgs, kEB);
+  const int wg_tiles =
+      !kPassesTiles ? tiles
+      : kWalk       ? own_tiles
+                    : warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles);
+  constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, kWalk);  // else tiles_in_turn
+  if constexpr (!kOverlap) {
+    if (!kWalk && tiles > 0) sm90::mbar_wait(q_full, 0u);
+    tiles_in_turn(
+        wg_tiles, s_flat, o_flat, issue_s, softmax_at_max,
+        [&](int j) { softmax(j, box_present(j)); },
+        [&](int j) { release(kEmptyK, (g0 + j) % kKRing); }, [&](int) { rescale_o(); to_p(); },
+        [&](int j) { zero_v_tail(j); issue_pv(j); },
+        [&](int j) { release(kEmptyV, (g0 + j) % kPvRing); });
+  } else {
+    // One item a block, Q is waited for where the warpgroup computes no tile too: its
+    // rows of the buffer stage its O.
+    if (!kWalk && kPassesTiles && wg_tiles == 0 && tiles > 0) sm90::mbar_wait(q_full, 0u);
+    if (wg_tiles > 0) {
+      if (!kWalk && wg == 1) their_turn();
+      const bool present = box_present(0);
+      if (!kWalk) sm90::mbar_wait(q_full, 0u);
+      my_turn();
+      issue_s(0);
+      their_turn();
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(s_flat);
+      release(kEmptyK, g0 % kKRing);
+      softmax(0, present);  // O is still zero: nothing to rescale
+      to_p();
+    }
+    for (int j = 1; j < wg_tiles; ++j) {
+      const bool present = box_present(j);
+      zero_v_tail(j - 1);
+      my_turn();
+      issue_s(j);
+      if constexpr (kEarlyHandOver) their_turn();
+      issue_pv(j - 1);
+      if constexpr (!kEarlyHandOver) their_turn();
+      sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+      sm90::wgmma_hold(s_flat);
+      softmax_of_landed_s(
+          j, s_flat, issue_s, softmax_at_max, [&](int j) { softmax(j, present); },
+          [&](int j) { release(kEmptyK, (g0 + j) % kKRing); });
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(o_flat);
+      release(kEmptyV, (g0 + j - 1) % kPvRing);
+      rescale_o();
+      to_p();
+    }
+    if (wg_tiles > 0) {
+      zero_v_tail(wg_tiles - 1);
+      my_turn();
+      issue_pv(wg_tiles - 1);
+      their_turn(/*last=*/true);
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(o_flat);
+      release(kEmptyV, (g0 + wg_tiles - 1) % kPvRing);
+    }
+  }
+  if constexpr (kPassesTiles) {
+    for (int j = wg_tiles; j < tiles; ++j) {
+      zero_v_tail(j);
+      // The walk makes both stage indices first: as with release, each kernel keeps its
+      // order (the other changed ptxas's schedule of the fp8 kernels).
+      if constexpr (kWalk) {
+        const int st = (g0 + j) % kKRing, sv = (g0 + j) % kPvRing;
+        sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
+        release(kEmptyK, st);
+        pv_tile(j);
+        release(kEmptyV, sv);
+      } else {
+        sm90::mbar_wait(bar(kFullK, (g0 + j) % kKRing), parity(g0 + j, kKRing));
+        release(kEmptyK, (g0 + j) % kKRing);
+        pv_tile(j);
+        release(kEmptyV, (g0 + j) % kPvRing);
+      }
+    }
+  }
+
+  // Epilogue (finish_rows), then O written out (write_o_rows).
+  finish_rows<T, D, kBlockM>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
+  if constexpr (!kFp8) write_o_rows<T, D, kBlockM>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
+}
+
 }  // namespace flash_sm90
 
 // kPaged: the instance for paged K/V (two consumers; 16-bit or fp8), so that the others carry
@@ -392,9 +709,6 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   static_assert(!kFp8 || ((D == 64 || D == 128) && kWgs == (kPaged ? 2 : kFp8Wgs)),
                 "fp8: the d64 and d128 buckets, three consumers (paged: two)");
   constexpr int kColBlocks = col_blocks(D, kEB);  // 128-byte column blocks of a row
-  constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
-  constexpr int kNT = kBlockN / 8;    // n8 tiles of S
-  constexpr int kDT = D / 8;          // n8 tiles of O
   constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;   // one column block of Q
   constexpr uint32_t kKVBlockBytes = kBlockN * kRowBytes;  // one column block of K or V
   constexpr uint32_t kKVBytes = kColBlocks * kKVBlockBytes;
@@ -404,14 +718,13 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
 
   FwdBlock blk;
   if (!blk.locate<Out, true>(p, kBlockM, kBlockN)) return;
-  const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd, hk = blk.hk;
+  const int h = blk.h, b = blk.b, m0 = blk.m0, hk = blk.hk;
   static_assert(!kPaged || kWgs == 2, "paged: the two-consumer kernels");
   constexpr bool paged = kPaged;  // the launcher sends paged calls here alone
   // paged: tiles start on a box (page) boundary, so that no box straddles two pages; the
   // keys added in front are outside every row's window and masked as such
   const int n_lo = paged ? blk.n_lo - blk.n_lo % a.kv_box_rows : blk.n_lo, n_hi = blk.n_hi;
   const Sequence& s = blk.s;
-  const Window& win = blk.win;
   const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
 
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
@@ -434,7 +747,6 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   // empty_v that the consumers are done with the V^T tile.
   const uint32_t q_full = bars;
   auto bar = [&](int kind, int st) { return bars + 8u * uint32_t(1 + kind * kMaxStages + st); };
-  enum { kFullK, kFullV, kEmptyK, kEmptyV, kFullVt, kEmptyRaw };
   // the parity of tile j's use of its stage in a ring of `ring`
   auto parity = [](int j, int ring) { return uint32_t(j / ring) & 1u; };
   if (threadIdx.x == 0) {
@@ -553,143 +865,6 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     const int wg = sm90::warp_uniform(ct / 128), row0 = wg * 64;
     const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
 
-    // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).
-    const sm80::ScoreTransform sx =
-        sm80::ScoreTransform::of(p, b, h, descale<T>(p.q_descale) * descale<T>(p.k_descale));
-    const bool softcap = sx.softcap, prescale = sx.prescale;
-    const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
-    // Keys every row of the block sees, inside its range: tiles there need no mask.
-    int full_lo, full_hi;
-    win.keys_seen_by_all(m0, min(m0 + kBlockM, s.num_q) - 1, s.offset, s.num_k, &full_lo,
-                         &full_hi);
-    full_hi = min(full_hi, n_hi);
-
-    float o[1][kDT][4] = {};  // rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16
-    float m[1][2] = {{-XLA_ATTN_INF, -XLA_ATTN_INF}}, l[1][2] = {{0.f, 0.f}};
-    float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
-    float sc[1][kNT][4];
-    float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
-    uint32_t pa[kPSteps][4];  // P of the previous tile, P V's A operand
-    // Consumer warp's release of stage st's K or V (after __syncwarp, every lane's reads
-    // of the product that used it have completed).
-    auto release = [&](int kind, int st) {
-      __syncwarp();
-      if (lane == 0) sm90::mbar_arrive(bar(kind, st));
-    };
-
-    // S = Q K_j^T, issued once K_j has landed (issue_qk)
-    auto issue_s = [&](int j) {
-      const int st = j % kKRing;
-      sm90::mbar_wait(bar(kFullK, st), parity(j, kKRing));
-      issue_qk<T, D, kBlockM>(s_flat, sQ + row0 * kRowBytes, sK + st * kKVBytes);
-    };
-    // 16-bit: the last tile's V rows past the block's key range are zeroed before P V
-    // reads them (they may hold the next sequence's keys or NaN padding, and 0 x NaN is
-    // NaN): both consumer warpgroups read them, so all their threads write a share and
-    // meet, outside their turns (ping-pong) since both must get here. fp8: the producer
-    // zeroes those keys of the V^T tile.
-    auto zero_v_tail = [&](int j) {
-      const int st = j % kPvRing, n0 = n_lo + j * kBlockN;
-      if (!kFp8 && n0 + kBlockN > n_hi) {
-        const uint32_t tV = sV + st * kKVBytes;
-        sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
-        const int have = n_hi - n0;
-        for (int c = ct; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
-          if ((c / (kRowBytes / 16)) % kBlockN >= have) {
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
-                         "r"(0u)
-                         : "memory");
-          }
-        }
-        sm90::fence_proxy_async_shared();
-        sm90::named_barrier_unaligned(1, kConsumers);  // reached from two loops
-      }
-    };
-    // Tile j's P V operand, V_j (fp8: its V^T tile), waited for; its shared address
-    auto pv_tile = [&](int j) {
-      const int st = j % kPvRing;
-      if constexpr (kFp8) {
-        sm90::mbar_wait(bar(kFullVt, st), parity(j, kVtRing));
-        return sVt + st * kVtBytes;
-      } else {
-        sm90::mbar_wait(bar(kFullV, st), parity(j, kVRing));
-        return sV + st * kKVBytes;
-      }
-    };
-    // O += P V_j, issued once V_j is there (issue_pv_on)
-    auto issue_pv = [&](int j) { issue_pv_on<T, D>(o_flat, pa, pv_tile(j)); };
-    // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is
-    // handed back (corr, rescale) for after the P V product in flight.
-    float corr[1][2];
-    bool rescale = false;
-    // paged: whether lane i's box of tile j (keys i * kv_box_rows ..) has a page, looked
-    // up as the tile starts (the table read in flight behind S's product); boxes past
-    // the tile or the key range count as present (the range masks them).
-    auto box_present = [&](int j) {
-      const int r = lane * a.kv_box_rows, key = n_lo + j * kBlockN + r;
-      return !paged || r >= kBlockN || key >= n_hi || keys.row(b, 0, key) >= 0;
-    };
-    // Where some box has none, the warp writes its keys' valid bytes (TileSoftmax's
-    // valid[]; box_rows >= 8, so 4 adjacent keys share a box) in its own slice.
-    unsigned char* const my_valid = warp_valid + (ct / 32) * kBlockN;
-    // sm80::TileSoftmax for the tile whose first key is n0 (absent: some key has no page)
-    auto tile_softmax = [&](int n0, bool absent) {
-      return sm80::TileSoftmax{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t, win,
-                               mul, cap, exp_mul, slope / exp_mul, prescale,
-                               prescale || slope != 0.f, absent, my_valid};
-    };
-    auto softmax = [&](int j, bool present) {
-      const int n0 = n_lo + j * kBlockN;
-      const uint32_t boxes = paged ? __ballot_sync(0xffffffffu, present) : 0xffffffffu;
-      const bool absent = boxes != 0xffffffffu;
-      if (absent) {
-        for (int x = 4 * lane; x < kBlockN; x += 128) {
-          *reinterpret_cast<uint32_t*>(my_valid + x) =
-              (boxes >> (x / a.kv_box_rows)) & 1u ? 0x01010101u : 0u;
-        }
-        __syncwarp();
-      }
-      const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi) | absent;
-      const sm80::TileSoftmax tsm = tile_softmax(n0, absent);
-      rescale = false;
-      auto defer = [&](const float (&c)[1][2]) {
-        corr[0][0] = c[0][0];
-        corr[0][1] = c[0][1];
-        rescale = true;
-      };
-      if (!(mask | softcap)) {
-        tsm.run_with<false, false>(sc, m, l, defer);
-      } else if (!softcap) {
-        tsm.run_with<true, false>(sc, m, l, defer);
-      } else if (!mask) {
-        tsm.run_with<false, true>(sc, m, l, defer);
-      } else {
-        tsm.run_with<true, true>(sc, m, l, defer);
-      }
-    };
-    // The softmax against the running max as it stands (softmax_of_landed_s; TileSoftmax::
-    // exps_at_max) where it pays (sm90_tiles.h, at_running_max): not on an item's first
-    // tile (no max yet) nor with softcap, ALiBi, a score factor <= 0 or paged K/V; the
-    // warpgroup agrees on the outcome (a barrier with a vote), since S is computed again
-    // by all of it.
-    constexpr bool kAtMax = !paged && at_running_max(D, kEB);  // sm90_tiles.h
-    auto softmax_at_max = [&](int j) {
-      if constexpr (!kAtMax) {
-        return 0;
-      } else {
-        if (j == 0 || softcap || prescale || slope != 0.f) return 0;
-        const int n0 = n_lo + j * kBlockN;
-        rescale = false;  // where it is not done, the whole softmax sets it
-        return softmax_at_running_max(tile_softmax(n0, false),
-                                      (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
-      }
-    };
-    // P rounded into P V's A fragments (round_p), once the previous P V has completed.
-    auto to_p = [&] { round_p<T>(pa, sc); };
-
-    // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
-    // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O
-    // is rescaled once it has landed.
     // With two 16-bit consumer warpgroups, FA3's ping-pong: they take turns issuing their
     // products (named barriers kTurnBarrier + wg: wait for one's turn, then hand it to
     // the other), so that one's products run while the other computes its softmax
@@ -705,84 +880,10 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         if (!(last && wg == 1)) sm90::named_arrive(kTurnBarrier + 1 - wg, 256);
       }
     };
-    // O's deferred rescale (softmax), once no product is writing O
-    auto rescale_o = [&] {
-      if (rescale) scale_o_rows(o, corr);
-    };
-    // The tiles this warpgroup computes (warpgroup_tiles), then the rest passed: waited
-    // for and released, the last one's V tail zeroed with the other warpgroups (they meet
-    // there). Not with ping-pong (every tile takes turns). fp8 here (past its walk's rows)
-    // too: its tile loop holds 9 local loads / stores against 12 without.
-    constexpr bool kPassesTiles = !kPingPong;
-    const int wg_tiles =
-        kPassesTiles ? warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles) : tiles;
-    constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, false);  // else tiles_in_turn
-    if constexpr (!kOverlap) {
-      if (tiles > 0) sm90::mbar_wait(q_full, 0u);
-      tiles_in_turn(
-          wg_tiles, s_flat, o_flat, issue_s, softmax_at_max,
-          [&](int j) { softmax(j, box_present(j)); },
-          [&](int j) { release(kEmptyK, j % kKRing); }, [&](int) { rescale_o(); to_p(); },
-          [&](int j) { zero_v_tail(j); issue_pv(j); },
-          [&](int j) { release(kEmptyV, j % kPvRing); });
-    } else {
-      // Q is waited for where the warpgroup computes no tile too: its rows of the buffer
-      // stage its O.
-      if (kPassesTiles && wg_tiles == 0 && tiles > 0) sm90::mbar_wait(q_full, 0u);
-      if (wg_tiles > 0) {
-        if (wg == 1) their_turn();
-        const bool present = box_present(0);
-        sm90::mbar_wait(q_full, 0u);
-        my_turn();
-        issue_s(0);
-        their_turn();
-        sm90::wgmma_wait<0>();
-        sm90::wgmma_hold(s_flat);
-        release(kEmptyK, 0);
-        softmax(0, present);  // O is still zero: nothing to rescale
-        to_p();
-      }
-      for (int j = 1; j < wg_tiles; ++j) {
-        const bool present = box_present(j);
-        zero_v_tail(j - 1);
-        my_turn();
-        issue_s(j);
-        issue_pv(j - 1);
-        their_turn();
-        sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
-        sm90::wgmma_hold(s_flat);
-        softmax_of_landed_s(
-            j, s_flat, issue_s, softmax_at_max, [&](int j) { softmax(j, present); },
-            [&](int j) { release(kEmptyK, j % kKRing); });
-        sm90::wgmma_wait<0>();
-        sm90::wgmma_hold(o_flat);
-        release(kEmptyV, (j - 1) % kPvRing);
-        rescale_o();
-        to_p();
-      }
-      if (wg_tiles > 0) {
-        zero_v_tail(wg_tiles - 1);
-        my_turn();
-        issue_pv(wg_tiles - 1);
-        their_turn(true);
-        sm90::wgmma_wait<0>();
-        sm90::wgmma_hold(o_flat);
-        release(kEmptyV, (wg_tiles - 1) % kPvRing);
-      }
-    }
-    if constexpr (kPassesTiles) {
-      for (int j = wg_tiles; j < tiles; ++j) {
-        zero_v_tail(j);
-        sm90::mbar_wait(bar(kFullK, j % kKRing), parity(j, kKRing));
-        release(kEmptyK, j % kKRing);
-        pv_tile(j);
-        release(kEmptyV, j % kPvRing);
-      }
-    }
-
-    // Epilogue (finish_rows), then O written out (write_o_rows).
-    finish_rows<T, D, kBlockM>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
-    if constexpr (!kFp8) write_o_rows<T, D, kBlockM>(a, sQ, row0, m0, s, h, hd, ct % 128, wg);
+    consume_item<T, D, kWgs, paged, /*kWalk=*/false>(
+        a, blk, n_lo, n_hi, tiles, keys, ConsumerSmem{sQ, sK, sV, sVt, warp_valid}, q_full,
+        /*g0=*/0, /*own_tiles=*/0, ConsumerThread{ct, lane, wg, row0, warp, g, t}, bar, parity,
+        my_turn, their_turn);
   }
 }
 

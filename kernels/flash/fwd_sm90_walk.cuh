@@ -9,7 +9,9 @@
 // Its own kernel rather than a flag of flash_fwd_sm90: built from one source, the one
 // block an item instances ran 3-6 % slower at d128 and d256 (H100, the same run; ptxas
 // kept the item's coordinates out of uniform registers and scheduled the tile loop
-// differently), so those keep their code unchanged and this one carries the walk.
+// differently), so those keep their code unchanged and this one carries the walk. What
+// a consumer does with an item is written once (fwd_sm90.cuh, consume_item), with both
+// kernels' machine code unchanged.
 // The launcher (launch.cc, sm90_tiles.h walks) takes it at d64 and d128 (fp8 up to 2048
 // query rows), not paged.
 #pragma once
@@ -29,9 +31,6 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   static_assert(!kFp8 || ((D == 64 || D == 128) && kWgs == kFp8Wgs),
                 "fp8: the d64 and d128 buckets, three consumers");
   constexpr int kColBlocks = col_blocks(D, kEB);  // 128-byte column blocks of a row
-  constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
-  constexpr int kNT = kBlockN / 8;    // n8 tiles of S
-  constexpr int kDT = D / 8;          // n8 tiles of O
   constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;   // one column block of Q
   constexpr uint32_t kKVBlockBytes = kBlockN * kRowBytes;  // one column block of K or V
   constexpr uint32_t kKVBytes = kColBlocks * kKVBlockBytes;
@@ -142,7 +141,6 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   auto bar = [&](int kind, int st) {
     return bars + 8u * uint32_t(3 * kMaxQBuffers + kind * kMaxStages + st);
   };
-  enum { kFullK, kFullV, kEmptyK, kEmptyV, kFullVt, kEmptyRaw };
   // the parity of use g of its stage (or buffer) in a ring of `ring`
   auto parity = [](int g, int ring) { return uint32_t(g / ring) & 1u; };
   if (threadIdx.x == 0) {
@@ -356,48 +354,25 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
     const int wg = sm90::warp_uniform(ct / 128), lane = ct % 32;
 
-    // FA3's intra-warpgroup overlap: S_j's product runs while this warpgroup issues
-    // P_{j-1} V_{j-1}; the softmax of S_j then runs while that P V is in flight, and O
-    // is rescaled once it has landed.
-    // With two 16-bit consumer warpgroups, FA3's ping-pong: they take turns issuing their
-    // products (named barriers kTurnBarrier + wg: wait for one's turn, then hand it to
-    // the other), so that one's products run while the other computes its softmax
-    // instead of both contending for the tensor cores and then both leaving them idle.
+    // With two 16-bit consumer warpgroups, FA3's ping-pong (flash_fwd_sm90 has the why):
+    // they take turns issuing their products (named barriers kTurnBarrier + wg).
     // Warpgroup 0 goes first, over the block's whole walk; it takes one more turn after
-    // its last item, so that every hand-over is waited for.
+    // its last item, so that every hand-over is waited for (an item's last included:
+    // `last` is for one item a block).
     constexpr bool kPingPong = ping_pong(kWgs, kEB);  // 16-bit only (sm90_tiles.h)
     auto my_turn = [&] {
       if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
     };
-    // At d128 a warpgroup hands the turn over once S_j is issued, before P_{j-1} V_{j-1},
-    // so that the other's S can queue behind this S rather than behind both products (the
-    // walk's own clock: S_j landed 800 cycles after its issue at S=4096, its softmax
-    // 1,378). H100, same runs, 3 rounds each: S = 4096 full +1.4 / +3.3 %, causal +3.5 %,
-    // 8192 +2.4 %, 16384 +1.2 / +1.7 %, S = 512 .. 2048 -1.3 .. +2.1 % (within the
-    // spread); at d64 as well, causal S = 512 lost 5.6 %, so d64 keeps both products in
-    // its turn.
-    constexpr bool kEarlyHandOver = D == 128;
-    auto their_turn = [&] {
+    auto their_turn = [&](bool /*last*/ = false) {
       if constexpr (kPingPong) sm90::named_arrive(kTurnBarrier + 1 - wg, 256);
     };
     if (wg == 1) their_turn();
-    // Consumer warp's release of a K / V stage (its barrier `at`): after
-    // __syncwarp, every lane's reads of it have completed.
-    auto release = [&](uint32_t at) {
-      __syncwarp();
-      if (lane == 0) sm90::mbar_arrive(at);
-    };
 
     // Item blk's rows, its Q in buffer qb, its first tile the walk's g0-th (own_tiles: its
     // warpgroup's tiles from the item's record, where warpgroups pass tiles); returns its
     // tiles.
     auto consume = [&](const FwdBlock& blk, int qb, int g0, int own_tiles) {
-      const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd;
-      const Sequence& s = blk.s;
-      const Window& win = blk.win;
       const KeyTiles kt = key_tiles(blk);
-      const int n_lo = kt.n_lo, n_hi = kt.n_hi, tiles = kt.tiles;
-      const uint32_t sQ = sQ0 + qb * kQBytes;
       // The thread's indices, made anew each item (opaque to ptxas): else it computes the
       // addresses made from them once before the walk and holds them across the tile loop
       // (d256: 200 bytes of spill there). The warp's index through sm90::warp_uniform, so
@@ -407,208 +382,12 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       warp_id = sm90::warp_uniform(warp_id);
       const int tid = warp_id * 32 + ln;
       const int row0 = warp_id / 4 * 64;  // the warpgroup's first row in the block
-      const int warp = warp_id % 4, g = ln / 4, t = ln % 4;
-
-      // The score transform in base 2, as flash_fwd_sm80 sets it up (TileSoftmax).
-      const sm80::ScoreTransform sx =
-          sm80::ScoreTransform::of(p, b, h, descale<T>(p.q_descale) * descale<T>(p.k_descale));
-      const bool softcap = sx.softcap, prescale = sx.prescale;
-      const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
-      // Keys every row of the block sees, inside its range: tiles there need no mask.
-      int full_lo, full_hi;
-      win.keys_seen_by_all(m0, min(m0 + kBlockM, s.num_q) - 1, s.offset, s.num_k, &full_lo,
-                           &full_hi);
-      full_hi = min(full_hi, n_hi);
-
-      float o[1][kDT][4] = {};  // rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16
-      float m[1][2] = {{-XLA_ATTN_INF, -XLA_ATTN_INF}}, l[1][2] = {{0.f, 0.f}};
-      float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
-      float sc[1][kNT][4];
-      float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
-      uint32_t pa[kPSteps][4];  // P of the previous tile, P V's A operand
-
-      // S = Q K_j^T, issued once K_j has landed (issue_qk)
-      auto issue_s = [&](int j) {
-        const int st = (g0 + j) % kKRing;
-        sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
-        issue_qk<T, D, kBlockM>(s_flat, sQ + row0 * kRowBytes, sK + st * kKVBytes);
-      };
-      // 16-bit: the last tile's V rows past the block's key range are zeroed before P V
-      // reads them (they may hold the next sequence's keys or NaN padding, and 0 x NaN is
-      // NaN): both consumer warpgroups read them, so all their threads write a share and
-      // meet, outside their turns (ping-pong) since both must get here. fp8: the producer
-      // zeroes those keys of the V^T tile.
-      auto zero_v_tail = [&](int j) {
-        const int st = (g0 + j) % kPvRing, n0 = n_lo + j * kBlockN;
-        if (!kFp8 && n0 + kBlockN > n_hi) {
-          const uint32_t tV = sV + st * kKVBytes;
-          sm90::mbar_wait(bar(kFullV, st), parity(g0 + j, kVRing));
-          const int have = n_hi - n0;
-          for (int c = tid; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
-            if ((c / (kRowBytes / 16)) % kBlockN >= have) {
-              asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
-                           "r"(0u)
-                           : "memory");
-            }
-          }
-          sm90::fence_proxy_async_shared();
-          sm90::named_barrier_unaligned(1, kConsumers);  // reached from two loops
-        }
-      };
-      // Tile j's P V operand, V_j (fp8: its V^T tile), waited for; its shared address
-      auto pv_tile = [&](int j) {
-        const int st = (g0 + j) % kPvRing;
-        if constexpr (kFp8) {
-          sm90::mbar_wait(bar(kFullVt, st), parity(g0 + j, kVtRing));
-          return sVt + st * kVtBytes;
-        } else {
-          sm90::mbar_wait(bar(kFullV, st), parity(g0 + j, kVRing));
-          return sV + st * kKVBytes;
-        }
-      };
-      // O += P V_j, issued once V_j is there (issue_pv_on)
-      auto issue_pv = [&](int j) { issue_pv_on<T, D>(o_flat, pa, pv_tile(j)); };
-      // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is
-      // handed back (corr, rescale) for after the P V product in flight.
-      float corr[1][2];
-      bool rescale = false;
-      // paged: whether lane i's box of tile j (keys i * kv_box_rows ..) has a page, looked
-      // up as the tile starts (the table read in flight behind S's product); boxes past
-      // the tile or the key range count as present (the range masks them).
-      auto box_present = [&](int j) {
-        const int r = lane * a.kv_box_rows, key = n_lo + j * kBlockN + r;
-        return !paged || r >= kBlockN || key >= n_hi || keys.row(b, 0, key) >= 0;
-      };
-      // Where some box has none, the warp writes its keys' valid bytes (TileSoftmax's
-      // valid[]; box_rows >= 8, so 4 adjacent keys share a box) in its own slice.
-      unsigned char* const my_valid = warp_valid + (tid / 32) * kBlockN;
-      // sm80::TileSoftmax for the tile whose first key is n0 (absent: some key has no page)
-      auto tile_softmax = [&](int n0, bool absent) {
-        return sm80::TileSoftmax{int64_t(m0) + row0 + warp * 16 + g + s.offset, n0, n_hi, t, win,
-                                 mul, cap, exp_mul, slope / exp_mul, prescale,
-                                 prescale || slope != 0.f, absent, my_valid};
-      };
-      auto softmax = [&](int j, bool present) {
-        const int n0 = n_lo + j * kBlockN;
-        const uint32_t boxes = paged ? __ballot_sync(0xffffffffu, present) : 0xffffffffu;
-        const bool absent = boxes != 0xffffffffu;
-        if (absent) {
-          for (int x = 4 * lane; x < kBlockN; x += 128) {
-            *reinterpret_cast<uint32_t*>(my_valid + x) =
-                (boxes >> (x / a.kv_box_rows)) & 1u ? 0x01010101u : 0u;
-          }
-          __syncwarp();
-        }
-        const bool mask = (n0 < full_lo) | (n0 + kBlockN > full_hi) | absent;
-        const sm80::TileSoftmax tsm = tile_softmax(n0, absent);
-        rescale = false;
-        auto defer = [&](const float (&c)[1][2]) {
-          corr[0][0] = c[0][0];
-          corr[0][1] = c[0][1];
-          rescale = true;
-        };
-        if (!(mask | softcap)) {
-          tsm.run_with<false, false>(sc, m, l, defer);
-        } else if (!softcap) {
-          tsm.run_with<true, false>(sc, m, l, defer);
-        } else if (!mask) {
-          tsm.run_with<false, true>(sc, m, l, defer);
-        } else {
-          tsm.run_with<true, true>(sc, m, l, defer);
-        }
-      };
-      // The softmax against the running max as it stands (fwd_sm90.cuh, the same lambda).
-      constexpr bool kAtMax = !paged && at_running_max(D, kEB);  // sm90_tiles.h
-      auto softmax_at_max = [&](int j) {
-        if constexpr (!kAtMax) {
-          return 0;
-        } else {
-          if (j == 0 || softcap || prescale || slope != 0.f) return 0;
-          const int n0 = n_lo + j * kBlockN;
-          rescale = false;  // where it is not done, the whole softmax sets it
-          return softmax_at_running_max(tile_softmax(n0, false),
-                                        (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
-        }
-      };
-      // P rounded into P V's A fragments (round_p), once the previous P V has completed.
-      auto to_p = [&] { round_p<T>(pa, sc); };
-
-      auto rescale_o = [&] {  // O's deferred rescale (softmax), once no product writes O
-        if (rescale) scale_o_rows(o, corr);
-      };
-      // The tiles this warpgroup computes (own_tiles, from the item's record), then the
-      // rest passed (kPassesTiles): waited for and released, the last one's V tail zeroed
-      // with the other warpgroups (they meet there). Not with ping-pong (every tile takes
-      // turns). H100, same run, best of 3: fp8 d64 (the bound computed by the consumers)
-      // causal S = 512 / 1024 / 2048 +3.4 / +13 / +4.7 %, full S = 512 / 2048 (no tile to
-      // pass) -1.3 / -1.8 %; then with the bound from the record, fp8 d128 causal S = 512 /
-      // 1024 / 2048 +7.1 / +14.2 / +5.4 %, full S = 512 -0.8 %; fp8 d64 causal S = 512 /
-      // 1024 +2.3 / +2.0 %; bf16 d64 (three warpgroups) full S = 1024 +2.7 %, causal S =
-      // 1024 / 2048 / 4096 +2.0 / -0.4 / +0.6 %.
-      const int wg_tiles = kPassesTiles ? own_tiles : tiles;
-      constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, true);  // else tiles_in_turn
-      if constexpr (!kOverlap) {
-        tiles_in_turn(
-            wg_tiles, s_flat, o_flat, issue_s, softmax_at_max,
-            [&](int j) { softmax(j, box_present(j)); },
-            [&](int j) { release(bar(kEmptyK, (g0 + j) % kKRing)); },
-            [&](int) { rescale_o(); to_p(); }, [&](int j) { zero_v_tail(j); issue_pv(j); },
-            [&](int j) { release(bar(kEmptyV, (g0 + j) % kPvRing)); });
-      } else {
-        if (wg_tiles > 0) {
-          const bool present = box_present(0);
-          my_turn();
-          issue_s(0);
-          their_turn();
-          sm90::wgmma_wait<0>();
-          sm90::wgmma_hold(s_flat);
-          release(bar(kEmptyK, g0 % kKRing));
-          softmax(0, present);  // O is still zero: nothing to rescale
-          to_p();
-        }
-        for (int j = 1; j < wg_tiles; ++j) {
-          const bool present = box_present(j);
-          zero_v_tail(j - 1);
-          my_turn();
-          issue_s(j);
-          if constexpr (kEarlyHandOver) their_turn();
-          issue_pv(j - 1);
-          if constexpr (!kEarlyHandOver) their_turn();
-          sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
-          sm90::wgmma_hold(s_flat);
-          softmax_of_landed_s(
-              j, s_flat, issue_s, softmax_at_max, [&](int j) { softmax(j, present); },
-              [&](int j) { release(bar(kEmptyK, (g0 + j) % kKRing)); });
-          sm90::wgmma_wait<0>();
-          sm90::wgmma_hold(o_flat);
-          release(bar(kEmptyV, (g0 + j - 1) % kPvRing));
-          rescale_o();
-          to_p();
-        }
-        if (wg_tiles > 0) {
-          zero_v_tail(wg_tiles - 1);
-          my_turn();
-          issue_pv(wg_tiles - 1);
-          their_turn();
-          sm90::wgmma_wait<0>();
-          sm90::wgmma_hold(o_flat);
-          release(bar(kEmptyV, (g0 + wg_tiles - 1) % kPvRing));
-        }
-      }
-      if constexpr (kPassesTiles) {
-        for (int j = wg_tiles; j < tiles; ++j) {
-          zero_v_tail(j);
-          const int st = (g0 + j) % kKRing, sv = (g0 + j) % kPvRing;
-          sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
-          release(bar(kEmptyK, st));
-          pv_tile(j);
-          release(bar(kEmptyV, sv));
-        }
-      }
-      // Epilogue (finish_rows), then O written out (write_o_rows).
-      finish_rows<T, D, kBlockM>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
-      if constexpr (!kFp8) write_o_rows<T, D, kBlockM>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
-      return tiles;
+      consume_item<T, D, kWgs, paged, /*kWalk=*/true>(
+          a, blk, kt.n_lo, kt.n_hi, kt.tiles, keys,
+          ConsumerSmem{sQ0 + qb * kQBytes, sK, sV, sVt, warp_valid}, /*q_full=*/0u, g0,
+          own_tiles, ConsumerThread{tid, lane, wg, row0, warp_id % 4, ln / 4, ln % 4}, bar,
+          parity, my_turn, their_turn);
+      return kt.tiles;
     };
     FwdBlock blk;
     int g0 = 0;  // tiles of the walk so far
