@@ -21,10 +21,10 @@ def test_remap_is_a_permutation_that_keeps_the_padding_blocks():
         grid = (rng.randint(1, 40), rng.randint(1, 8), 0)
         batch = rng.randint(1, 30)
         grid = (grid[0], grid[1], batch + 1)
-        sms = rng.choice([3, 114, 132])
+        sms, waves = rng.choice([3, 114, 132]), rng.choice([2, 8, 1 << 20])
         every = [(x, y, z) for z in range(batch + 1) for y in range(grid[1])
                  for x in range(grid[0])]
-        mapped = [tm.tail_first(x, y, z, grid, batch, sms) for x, y, z in every]
+        mapped = [tm.tail_first(x, y, z, grid, batch, sms, waves) for x, y, z in every]
         assert sorted(mapped) == sorted(every)
         assert all(m == b for m, b in zip(mapped, every) if b[2] == batch)
 
