@@ -86,7 +86,7 @@ def varlen_over_ideal(seed: int, sms: int, waves: int) -> float:
     """The walk's d128 forward on bench.py's varlen row (lengths of `seed`): items of 128
     rows, each pair's last row block first (x = 0), row block m seeing m + 1 tiles of 128
     keys plus a fixed 1.0; items past a sequence's rows are dropped (the walk skips them
-    behind its stage ring, section (20))."""
+    behind its stage ring, docs/benchmarks.md section (19))."""
     from bench import varlen_lengths
 
     lengths, heads = varlen_lengths(16, 1024, seed), 16
