@@ -692,6 +692,185 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   if constexpr (!kFp8) write_o_rows<T, D, kBlockM>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
 }
 
+// The kernel setup and producer code both forward kernels share (flash_fwd_sm90, one
+// item a block, and flash_fwd_sm90_walk), as consume_item is their consumers': their tile
+// shapes and rings (sm90_tiles.h), the shared-memory layout (layout), the barriers
+// (init_barriers), fp8's V transposes (transpose_stage) and the producer's copies
+// (copy_q, copy_kv, load). Both kernels' PTX and machine code are what they were when each
+// wrote these out itself (compared kernel by kernel); where the two had written the same
+// step in another order, each keeps its own (below). Tile g sits in stage g % ring: the
+// walk counts its tiles over the block's whole walk, one item a block from its item's
+// first (g = j); bar(kind, st) and parity(g, ring) are the kernel's barriers.
+template <typename T, int D, int kWgs>
+struct FwdTiles {
+  // Enumerators: NVRTC emits static constexpr data members as global variables.
+  enum : int {
+    kBlockN = block_n(D),
+    kBlockM = block_m(kWgs),  // kWgs consumer warpgroups of 64 rows
+    kConsumers = 128 * kWgs,  // consumer threads
+    kEB = int(sizeof(T)),  // element bytes: 2, or 1 for e4m3
+    kColBlocks = col_blocks(D, kEB),  // 128-byte column blocks of a row
+    // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
+    kKRing = k_stages(D, kEB),
+    kVRing = v_stages(D, kEB),
+    kVtRing = vt_stages(kEB),
+    kPvRing = kEB == 1 ? kVtRing : kVRing,
+  };
+  enum : bool { kFp8 = kEB == 1 };
+  using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
+  enum : uint32_t {
+    kQBlockBytes = kBlockM * kRowBytes,   // one column block of Q
+    kKVBlockBytes = kBlockN * kRowBytes,  // one column block of K or V
+    kKVBytes = kColBlocks * kKVBlockBytes,
+    kVtBytes = vt_bytes(D, kEB),  // fp8: V^T, D rows of kBlockN bytes
+    kQBytes = q_bytes(D, kWgs, kEB),  // one Q buffer
+  };
+  // The shared memory (sm90_tiles.h) from its kAlign-aligned start: q_buffers Q buffers
+  // (Q buffer qb at sQ + qb * kQBytes), the K, V and fp8 V^T rings, the barriers (bars),
+  // then the valid-bytes slice.
+  struct Smem {
+    uint32_t sQ, sK, sV, sVt, bars;
+    unsigned char* warp_valid;
+  };
+  static __device__ __forceinline__ Smem layout(unsigned char* smem, int q_buffers) {
+    Smem sm;
+    sm.sQ = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
+    sm.sK = sm.sQ + uint32_t(q_buffers) * kQBytes;
+    sm.sV = sm.sK + kKRing * kKVBytes;
+    sm.sVt = sm.sV + kVRing * kKVBytes;
+    sm.bars = sm.sVt + kVtRing * kVtBytes;
+    // paged: each consumer warp's valid bytes (sm90_tiles.h, valid_bytes), generic
+    sm.warp_valid = smem + (sm.bars + uint32_t(barrier_bytes(kEB)) - sm80::smem_addr(smem));
+    return sm;
+  }
+
+  // The barriers, by thread 0 before the block's threads meet: the kernel's Q barriers
+  // (init_q), then each stage's (the kinds above).
+  template <typename InitQ, typename Bar>
+  static __device__ __forceinline__ void init_barriers(InitQ&& init_q, Bar&& bar) {
+    if (threadIdx.x == 0) {
+      init_q();
+      for (int st = 0; st < kKRing; ++st) {
+        sm90::mbar_init(bar(kFullK, st));
+        sm90::mbar_init(bar(kEmptyK, st), 4 * kWgs);  // one arrival a consumer warp
+      }
+      for (int st = 0; st < kVRing; ++st) {
+        sm90::mbar_init(bar(kFullV, st));
+        if constexpr (kFp8) sm90::mbar_init(bar(kEmptyRaw, st));
+      }
+      for (int st = 0; st < kPvRing; ++st) {
+        sm90::mbar_init(bar(kEmptyV, st), 4 * kWgs);
+        if constexpr (kFp8) sm90::mbar_init(bar(kFullVt, st));
+      }
+      sm90::mbar_init_fence();
+    }
+    __syncthreads();
+  }
+
+  // fp8: V tile g into V^T stage g % kVtRing by the producer's warps 1 .. 3, once the
+  // copy has landed and the consumers have released that stage's previous V^T tile; the
+  // stores are made visible to wgmma (the async proxy) before full_vt is signalled, and
+  // the raw stage is handed back to the copying thread (empty_raw) after the named
+  // barrier. have(): the tile's keys inside the item's range, a callable so that each
+  // kernel keeps its order: one item a block counts them after the waits, the walk
+  // before (an int argument reordered the former's PTX).
+  template <typename Have, typename Bar, typename Parity>
+  static __device__ __forceinline__ void transpose_stage(int g, Have&& have, const Smem& sm,
+                                                         Bar&& bar, Parity&& parity) {
+    if constexpr (kFp8) {
+      const int st = g % kVtRing, raw = g % kVRing;
+      sm90::mbar_wait(bar(kFullV, raw), parity(g, kVRing));
+      if (g >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(g - kVtRing, kVtRing));
+      transpose_v_e4m3<D>(sm.sV + raw * kKVBytes, sm.sVt + st * kVtBytes, have(),
+                          threadIdx.x - 32);
+      sm90::fence_proxy_async_shared();
+      sm90::named_barrier(kProducerBarrier, 32 * kTransposeWarps);
+      if (threadIdx.x == 32) {
+        sm90::mbar_arrive(bar(kFullVt, st));
+        sm90::mbar_arrive(bar(kEmptyRaw, raw));
+      }
+    }
+  }
+
+  // An item's Q (head h, its first row at row q_row) into Q buffer qb (layout), landing
+  // on q_full (the producer's thread 0).
+  static __device__ __forceinline__ void copy_q(const Args& a, const Smem& sm, int qb,
+                                                uint32_t q_full, int h, int64_t q_row) {
+    sm90::mbar_arrive_expect_tx(q_full, kColBlocks * kQBlockBytes);
+    for (int c = 0; c < kColBlocks; ++c) {
+      sm90::tma_load_3d(sm.sQ + qb * kQBytes + c * kQBlockBytes, &a.q_map, q_full,
+                        128 / kEB * c, h, int(q_row));
+    }
+  }
+
+  // The producer's copies. Coordinates are (column, head, row), innermost first; boxes
+  // past the tensor's rows or head_dim read as zeros.
+  // Tile g of item blk (its tile starting at key first_key()) into stage g % ring of the
+  // ring at tiles_at (kind: its full barrier), each tensor once the stage's previous tile
+  // (g - ring) has released it: its (g / ring - 1)-th release. fp8's raw V stages are
+  // released by the transposing warps. As each kernel had it: the walk (kWalk) takes that
+  // release's parity as parity(g - ring, ring) and makes the tile's first key before the
+  // wait (first_key returns it), one item a block as g / ring - 1 and the key after it
+  // (an int argument reordered the latter's PTX).
+  // Given its ring (the kernels' lambdas read theirs from captured constants, opaque
+  // until inlined): with the ring picked from kind inside, ptxas scheduled the d64 and
+  // fp8 kernels' copies differently (their K and V rings are the same length).
+  template <bool kPaged, bool kWalk, typename N0, typename Bar, typename Parity>
+  static __device__ __forceinline__ void load(const Args& a, int g, N0&& first_key, int kind,
+                                              int ring, uint32_t tiles_at,
+                                              const sm90::TensorMap* map, const FwdBlock& blk,
+                                              int64_t lane_row, Bar&& bar, Parity&& parity) {
+    const int st = g % ring;
+    if (g >= ring) {
+      const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
+      sm90::mbar_wait</*kParked=*/true>(
+          bar(release, st), kWalk ? parity(g - ring, ring) : uint32_t(g / ring - 1) & 1u);
+    }
+    const int n0 = first_key();
+    if (!kPaged) {
+      sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
+      for (int c = 0; c < kColBlocks; ++c) {
+        sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
+                          128 / kEB * c, blk.hk, int(blk.s.k_start + n0));
+      }
+      return;
+    }
+    // Paged (warp 0): lane i copies box i from the cache row it looked up (lane_row;
+    // none: no page, or past the range) once lane 0 has announced the tile's bytes.
+    if (threadIdx.x == 0) sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
+    __syncwarp();
+    const int r = int(threadIdx.x) * a.kv_box_rows;
+    if (r < kBlockN) {
+      const int at = lane_row >= 0 ? int(lane_row) : int(a.p.total_k);  // past the rows: zeros
+      for (int c = 0; c < kColBlocks; ++c) {
+        sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes + r * kRowBytes, map,
+                          bar(kind, st), 128 / kEB * c, blk.hk, at);
+      }
+    }
+  }
+
+  // Tile g of K and V (item blk's tile from key first_key()), each by load. Paged: the
+  // whole of warp 0 runs the copy loop, lane i looking box i's page up (K and V share it;
+  // keys: the cache rows) and issuing its copies. H100, d128, S=4096, causal, 16-row
+  // boxes: lookups and copies in one thread 225 TFLOP/s, lookups by the lanes and copies
+  // in one thread 263-268, both by the lanes 468 (64-row boxes 482-497).
+  template <bool kPaged, bool kWalk, typename N0, typename Bar, typename Parity>
+  static __device__ __forceinline__ void copy_kv(const Args& a, const KeyRows& keys, int g,
+                                                 N0&& first_key, const FwdBlock& blk,
+                                                 const Smem& sm, Bar&& bar, Parity&& parity) {
+    int64_t lane_row = -1;
+    if (kPaged) {
+      const int key = first_key() + int(threadIdx.x) * a.kv_box_rows;
+      if (int(threadIdx.x) * a.kv_box_rows < kBlockN && key < blk.n_hi)
+        lane_row = keys.row(blk.b, 0, key);
+    }
+    load<kPaged, kWalk>(a, g, first_key, kFullK, kKRing, sm.sK, &a.k_map, blk, lane_row, bar,
+                        parity);
+    load<kPaged, kWalk>(a, g, first_key, kFullV, kVRing, sm.sV, &a.v_map, blk, lane_row, bar,
+                        parity);
+  }
+};
+
 }  // namespace flash_sm90
 
 // kPaged: the instance for paged K/V (two consumers; 16-bit or fp8), so that the others carry
@@ -700,25 +879,17 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
 template <typename T, int D, int kWgs, bool kPaged = false>
 __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   using namespace flash_sm90;
-  constexpr int kBlockN = block_n(D);
-  constexpr int kBlockM = block_m(kWgs);  // kWgs consumer warpgroups of 64 rows
-  constexpr int kConsumers = 128 * kWgs;  // consumer threads
-  constexpr int kEB = int(sizeof(T));  // element bytes: 2, or 1 for e4m3
-  constexpr bool kFp8 = kEB == 1;
-  using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
+  using Tiles = FwdTiles<T, D, kWgs>;  // shapes, rings, layout and producer (above)
+  constexpr int kBlockN = Tiles::kBlockN, kEB = Tiles::kEB;
+  constexpr bool kFp8 = Tiles::kFp8;
   static_assert(!kFp8 || ((D == 64 || D == 128) && kWgs == (kPaged ? 2 : kFp8Wgs)),
                 "fp8: the d64 and d128 buckets, three consumers (paged: two)");
-  constexpr int kColBlocks = col_blocks(D, kEB);  // 128-byte column blocks of a row
-  constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;   // one column block of Q
-  constexpr uint32_t kKVBlockBytes = kBlockN * kRowBytes;  // one column block of K or V
-  constexpr uint32_t kKVBytes = kColBlocks * kKVBlockBytes;
-  constexpr uint32_t kVtBytes = vt_bytes(D, kEB);  // fp8: V^T, D rows of kBlockN bytes
   const xla_attn_flash_fwd_params& p = a.p;
   extern __shared__ __align__(128) unsigned char smem[];
 
   FwdBlock blk;
-  if (!blk.locate<Out, true>(p, kBlockM, kBlockN)) return;
-  const int h = blk.h, b = blk.b, m0 = blk.m0, hk = blk.hk;
+  if (!blk.locate<typename Tiles::Out, true>(p, Tiles::kBlockM, kBlockN)) return;
+  const int h = blk.h, m0 = blk.m0;
   static_assert(!kPaged || kWgs == 2, "paged: the two-consumer kernels");
   constexpr bool paged = kPaged;  // the launcher sends paged calls here alone
   // paged: tiles start on a box (page) boundary, so that no box straddles two pages; the
@@ -727,136 +898,44 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   const Sequence& s = blk.s;
   const int tiles = (n_hi - n_lo + kBlockN - 1) / kBlockN;
 
-  const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
-  const uint32_t sQ = base;
-  const uint32_t sK = sQ + uint32_t(q_bytes(D, kWgs, kEB));
-  // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
-  constexpr int kKRing = k_stages(D, kEB), kVRing = v_stages(D, kEB), kVtRing = vt_stages(kEB);
-  constexpr int kPvRing = kFp8 ? kVtRing : kVRing;
-  const uint32_t sV = sK + kKRing * kKVBytes;
-  const uint32_t sVt = sV + kVRing * kKVBytes;
-  const uint32_t bars = sVt + kVtRing * kVtBytes;
-  // paged: each consumer warp's valid bytes (sm90_tiles.h, valid_bytes), generic
-  unsigned char* const warp_valid =
-      smem + (bars + uint32_t(barrier_bytes(kEB)) - sm80::smem_addr(smem));
+  const typename Tiles::Smem sm = Tiles::layout(smem, /*q_buffers=*/1);
   // q_full, then per stage: full_k, full_v (the producer's copies landed), empty_k,
   // empty_v (both consumer warpgroups are done reading). K and V are released apart: K_j
   // once S_j is computed, a whole softmax and P V earlier than V_j, so that the producer
   // can land K_{j+2} while tile j + 1 is still being consumed. fp8: full_v says the raw
   // V tile landed (the producer's own wait), full_vt that its transpose is written, and
   // empty_v that the consumers are done with the V^T tile.
-  const uint32_t q_full = bars;
+  const uint32_t bars = sm.bars, q_full = bars;
   auto bar = [&](int kind, int st) { return bars + 8u * uint32_t(1 + kind * kMaxStages + st); };
   // the parity of tile j's use of its stage in a ring of `ring`
   auto parity = [](int j, int ring) { return uint32_t(j / ring) & 1u; };
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(q_full);
-    for (int st = 0; st < kKRing; ++st) {
-      sm90::mbar_init(bar(kFullK, st));
-      sm90::mbar_init(bar(kEmptyK, st), 4 * kWgs);  // one arrival a consumer warp
-    }
-    for (int st = 0; st < kVRing; ++st) {
-      sm90::mbar_init(bar(kFullV, st));
-      if constexpr (kFp8) sm90::mbar_init(bar(kEmptyRaw, st));
-    }
-    for (int st = 0; st < kPvRing; ++st) {
-      sm90::mbar_init(bar(kEmptyV, st), 4 * kWgs);
-      if constexpr (kFp8) sm90::mbar_init(bar(kFullVt, st));
-    }
-    sm90::mbar_init_fence();
-  }
-  __syncthreads();
-
-  // fp8: V tile j into V^T stage j % kStages by the producer's warps 1 .. 3, once the
-  // copy has landed and the consumers have released that stage's previous V^T tile; the
-  // stores are made visible to wgmma (the async proxy) before full_vt is signalled, and
-  // the raw stage is handed back to the copying thread (empty_raw) after the named
-  // barrier.
-  auto transpose_stage = [&](int j) {
-    if constexpr (kFp8) {
-      const int st = j % kVtRing, raw = j % kVRing;
-      sm90::mbar_wait(bar(kFullV, raw), parity(j, kVRing));
-      if (j >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(j - kVtRing, kVtRing));
-      transpose_v_e4m3<D>(sV + raw * kKVBytes, sVt + st * kVtBytes, n_hi - (n_lo + j * kBlockN),
-                       threadIdx.x - 32);
-      sm90::fence_proxy_async_shared();
-      sm90::named_barrier(kProducerBarrier, 32 * kTransposeWarps);
-      if (threadIdx.x == 32) {
-        sm90::mbar_arrive(bar(kFullVt, st));
-        sm90::mbar_arrive(bar(kEmptyRaw, raw));
-      }
-    }
-  };
+  Tiles::init_barriers([&] { sm90::mbar_init(q_full); }, bar);
 
   // paged: the cache rows of a sequence's keys (sequence.cuh), pages checked against
   // the cache's blocks
   const KeyRows keys{p.block_table, p.max_blocks_per_seq, paged ? p.block_size : 1,
                      paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};
   if (threadIdx.x < 128) {
-    // The producer. Coordinates are (column, head, row), innermost first; boxes past
-    // the tensor's rows or head_dim read as zeros.
+    // The producer (FwdTiles: copy_q, copy_kv, transpose_stage).
     sm90::regs_release<producer_regs(kWgs, kEB)>();
-    // Tile j into stage j % kStages, each tensor once the stage's previous tile (j -
-    // kStages) has released it: its (j / kStages - 1)-th release. fp8's raw V stages
-    // are released by the transposing warps.
-    auto load = [&](int j, int kind, uint32_t tiles_at, const sm90::TensorMap* map,
-                    int64_t lane_row) {
-      const int ring = kind == kFullV ? kVRing : kKRing, st = j % ring;
-      if (j >= ring) {
-        const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
-        sm90::mbar_wait</*kParked=*/true>(bar(release, st), uint32_t(j / ring - 1) & 1u);
-      }
-      const int n0 = n_lo + j * kBlockN;
-      if (!paged) {
-        sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
-        for (int c = 0; c < kColBlocks; ++c) {
-          sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
-                            128 / kEB * c, hk, int(s.k_start + n0));
-        }
-        return;
-      }
-      // Paged (warp 0): lane i copies box i from the cache row it looked up (lane_row;
-      // none: no page, or past the range) once lane 0 has announced the tile's bytes.
-      if (threadIdx.x == 0) sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
-      __syncwarp();
-      const int r = int(threadIdx.x) * a.kv_box_rows;
-      if (r < kBlockN) {
-        const int at = lane_row >= 0 ? int(lane_row) : int(p.total_k);  // past the rows: zeros
-        for (int c = 0; c < kColBlocks; ++c) {
-          sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes + r * kRowBytes, map,
-                            bar(kind, st), 128 / kEB * c, hk, at);
-        }
-      }
-    };
-    // Paged: the whole of warp 0 runs the copy loop, lane i looking box i's page up (K
-    // and V share it) and issuing its copies. H100, d128, S=4096, causal, 16-row boxes:
-    // lookups and copies in one thread 225 TFLOP/s, lookups by the lanes and copies in
-    // one thread 263-268, both by the lanes 468 (64-row boxes 482-497).
+    // Paged: the whole of warp 0 runs the copy loop (FwdTiles::copy_kv).
     if ((paged ? threadIdx.x < 32 : threadIdx.x == 0) && tiles > 0) {
       if (threadIdx.x == 0) {
         sm90::prefetch_tensor_map(&a.k_map);
         sm90::prefetch_tensor_map(&a.v_map);
-        sm90::mbar_arrive_expect_tx(q_full, kColBlocks * kQBlockBytes);
-        for (int c = 0; c < kColBlocks; ++c) {
-          sm90::tma_load_3d(sQ + c * kQBlockBytes, &a.q_map, q_full, 128 / kEB * c, h,
-                            int(s.q_start + m0));
-        }
+        Tiles::copy_q(a, sm, 0, q_full, h, s.q_start + m0);
       }
       for (int j = 0; j < tiles; ++j) {
-        int64_t lane_row = -1;
-        if (paged) {
-          const int key = n_lo + j * kBlockN + int(threadIdx.x) * a.kv_box_rows;
-          if (int(threadIdx.x) * a.kv_box_rows < kBlockN && key < n_hi)
-            lane_row = keys.row(b, 0, key);
-        }
-        load(j, kFullK, sK, &a.k_map, lane_row);
-        load(j, kFullV, sV, &a.v_map, lane_row);
+        Tiles::template copy_kv<paged, /*kWalk=*/false>(
+            a, keys, j, [&] { return n_lo + j * kBlockN; }, blk, sm, bar, parity);
       }
     } else if (kFp8 && threadIdx.x >= 32) {
       // fp8: warps 1 .. 3 transpose (warp 0's copying thread stays free to run ahead:
       // sharing the copies with a transposing thread held K's copy back a whole tile,
       // and the fp8 forward ran no faster than bf16's)
-      for (int j = 0; j < tiles; ++j) transpose_stage(j);
+      for (int j = 0; j < tiles; ++j) {
+        Tiles::transpose_stage(j, [&] { return n_hi - (n_lo + j * kBlockN); }, sm, bar, parity);
+      }
     }
   } else {
     sm90::regs_acquire<consumer_regs(kWgs, producer_regs(kWgs, kEB))>();
@@ -881,9 +960,10 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       }
     };
     consume_item<T, D, kWgs, paged, /*kWalk=*/false>(
-        a, blk, n_lo, n_hi, tiles, keys, ConsumerSmem{sQ, sK, sV, sVt, warp_valid}, q_full,
-        /*g0=*/0, /*own_tiles=*/0, ConsumerThread{ct, lane, wg, row0, warp, g, t}, bar, parity,
-        my_turn, their_turn);
+        a, blk, n_lo, n_hi, tiles, keys,
+        ConsumerSmem{sm.sQ, sm.sK, sm.sV, sm.sVt, sm.warp_valid}, q_full, /*g0=*/0,
+        /*own_tiles=*/0, ConsumerThread{ct, lane, wg, row0, warp, g, t}, bar, parity, my_turn,
+        their_turn);
   }
 }
 

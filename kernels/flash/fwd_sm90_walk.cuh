@@ -22,22 +22,13 @@ namespace xla_attn {
 template <typename T, int D, int kWgs>
 __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   using namespace flash_sm90;
-  constexpr int kBlockN = block_n(D);
-  constexpr int kBlockM = block_m(kWgs);  // kWgs consumer warpgroups of 64 rows
-  constexpr int kConsumers = 128 * kWgs;  // consumer threads
-  constexpr int kEB = int(sizeof(T));  // element bytes: 2, or 1 for e4m3
-  constexpr bool kFp8 = kEB == 1;
-  using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
+  using Tiles = FwdTiles<T, D, kWgs>;  // shapes, rings, layout, producer (fwd_sm90.cuh)
+  constexpr int kBlockN = Tiles::kBlockN, kEB = Tiles::kEB, kConsumers = Tiles::kConsumers;
+  constexpr bool kFp8 = Tiles::kFp8;
   static_assert(!kFp8 || ((D == 64 || D == 128) && kWgs == kFp8Wgs),
                 "fp8: the d64 and d128 buckets, three consumers");
-  constexpr int kColBlocks = col_blocks(D, kEB);  // 128-byte column blocks of a row
-  constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;   // one column block of Q
-  constexpr uint32_t kKVBlockBytes = kBlockN * kRowBytes;  // one column block of K or V
-  constexpr uint32_t kKVBytes = kColBlocks * kKVBlockBytes;
-  constexpr uint32_t kVtBytes = vt_bytes(D, kEB);  // fp8: V^T, D rows of kBlockN bytes
   constexpr int kQBufs = q_buffers(D, kWgs, kEB, true);
   constexpr int kRecords = 2 * kQBufs;  // item records (below)
-  constexpr uint32_t kQBytes = q_bytes(D, kWgs, kEB);
   const xla_attn_flash_fwd_params& p = a.p;
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr bool paged = false;  // the walk is not built for paged K/V
@@ -55,7 +46,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         seq = item / a.row_blocks / p.num_heads;
     longest_first_tail(p.batch, a.row_blocks, p.num_heads, int(gridDim.x), &x, &head, &seq,
                        a.tail_waves);
-    return blk.at<Out>(p, kBlockM, a.row_blocks, x, head, seq, thread, threads);
+    return blk.at<typename Tiles::Out>(p, Tiles::kBlockM, a.row_blocks, x, head, seq, thread,
+                                        threads);
   };
   // The padding rows' items (sequence `batch`, one a head: their consumers zero the rows
   // past the last real sequence), which have no rows to compute but are walked.
@@ -73,18 +65,10 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     return KeyTiles{lo, blk.n_hi, (blk.n_hi - lo + kBlockN - 1) / kBlockN};
   };
 
-  const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
-  const uint32_t sQ0 = base;  // Q buffer qb at sQ0 + qb * kQBytes
-  const uint32_t sK = sQ0 + kQBufs * kQBytes;
-  // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
-  constexpr int kKRing = k_stages(D, kEB), kVRing = v_stages(D, kEB), kVtRing = vt_stages(kEB);
-  constexpr int kPvRing = kFp8 ? kVtRing : kVRing;
-  const uint32_t sV = sK + kKRing * kKVBytes;
-  const uint32_t sVt = sV + kVRing * kKVBytes;
-  const uint32_t bars = sVt + kVtRing * kVtBytes;
-  // paged: each consumer warp's valid bytes (sm90_tiles.h, valid_bytes), generic
-  unsigned char* const warp_valid =
-      smem + (bars + uint32_t(barrier_bytes(kEB)) - sm80::smem_addr(smem));
+  const typename Tiles::Smem sm = Tiles::layout(smem, kQBufs);
+  // the barriers' start, a local of the lambdas below (read through sm there, the 16-bit
+  // walks' machine code changed)
+  const uint32_t bars = sm.bars;
   // Item records: each item as the producer located it (FwdBlock), read by the consumers
   // and fp8's transposing warps instead of locating it again (the divisions into row
   // block, head and sequence, and cu_seqlens from global memory, on every item's critical
@@ -95,7 +79,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   // item (kRecords back) was read at its start, before its q_empty arrivals, which the
   // producer has waited for. Written with the Q copy instead, every field stayed live
   // across that wait, the producer (24 registers) spilled 80 bytes and fp8 lost 1.5 %.
-  FwdBlock* const records = reinterpret_cast<FwdBlock*>(warp_valid);
+  FwdBlock* const records = reinterpret_cast<FwdBlock*>(sm.warp_valid);
   // Beside the records, each consumer warpgroup's tiles of item qi (warpgroup_tiles) at
   // wg_tiles_of(qi)[wg], located by the copying thread with
   // the record where warpgroups pass the tiles their rows do not see (kPassesTiles,
@@ -143,93 +127,24 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   };
   // the parity of use g of its stage (or buffer) in a ring of `ring`
   auto parity = [](int g, int ring) { return uint32_t(g / ring) & 1u; };
-  if (threadIdx.x == 0) {
-    for (int qb = 0; qb < kQBufs; ++qb) {
-      sm90::mbar_init(q_full(qb));
-      // one arrival a consumer thread (and fp8's transposing threads, once they have the
-      // item)
-      sm90::mbar_init(q_empty(qb), kConsumers + (kFp8 ? 32 * kTransposeWarps : 0));
-    }
-    for (int st = 0; st < kKRing; ++st) {
-      sm90::mbar_init(bar(kFullK, st));
-      sm90::mbar_init(bar(kEmptyK, st), 4 * kWgs);  // one arrival a consumer warp
-    }
-    for (int st = 0; st < kVRing; ++st) {
-      sm90::mbar_init(bar(kFullV, st));
-      if constexpr (kFp8) sm90::mbar_init(bar(kEmptyRaw, st));
-    }
-    for (int st = 0; st < kPvRing; ++st) {
-      sm90::mbar_init(bar(kEmptyV, st), 4 * kWgs);
-      if constexpr (kFp8) sm90::mbar_init(bar(kFullVt, st));
-    }
-    sm90::mbar_init_fence();
-  }
-  __syncthreads();
-
-  // fp8: V tile j into V^T stage j % kStages by the producer's warps 1 .. 3, once the
-  // copy has landed and the consumers have released that stage's previous V^T tile; the
-  // stores are made visible to wgmma (the async proxy) before full_vt is signalled, and
-  // the raw stage is handed back to the copying thread (empty_raw) after the named
-  // barrier.
-  // g: the tile's count in the block's walk; have: its keys inside the item's range.
-  auto transpose_stage = [&](int g, int have) {
-    if constexpr (kFp8) {
-      const int st = g % kVtRing, raw = g % kVRing;
-      sm90::mbar_wait(bar(kFullV, raw), parity(g, kVRing));
-      if (g >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(g - kVtRing, kVtRing));
-      transpose_v_e4m3<D>(sV + raw * kKVBytes, sVt + st * kVtBytes, have, threadIdx.x - 32);
-      sm90::fence_proxy_async_shared();
-      sm90::named_barrier(kProducerBarrier, 32 * kTransposeWarps);
-      if (threadIdx.x == 32) {
-        sm90::mbar_arrive(bar(kFullVt, st));
-        sm90::mbar_arrive(bar(kEmptyRaw, raw));
-      }
-    }
-  };
+  Tiles::init_barriers(
+      [&] {
+        for (int qb = 0; qb < kQBufs; ++qb) {
+          sm90::mbar_init(q_full(qb));
+          // one arrival a consumer thread (and fp8's transposing threads, once they have
+          // the item)
+          sm90::mbar_init(q_empty(qb), kConsumers + (kFp8 ? 32 * kTransposeWarps : 0));
+        }
+      },
+      bar);
 
   // paged: the cache rows of a sequence's keys (sequence.cuh), pages checked against
   // the cache's blocks
   const KeyRows keys{p.block_table, p.max_blocks_per_seq, paged ? p.block_size : 1,
                      paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};
   if (threadIdx.x < 128) {
-    // The producer. Coordinates are (column, head, row), innermost first; boxes past
-    // the tensor's rows or head_dim read as zeros.
+    // The producer (FwdTiles: copy_q, copy_kv, transpose_stage).
     sm90::regs_release<producer_regs(kWgs, kEB)>();
-    // Tile g of the walk (its item's tile starting at key n0) into stage g % ring, each
-    // tensor once the stage's previous tile (g - ring) has released it: its (g / ring -
-    // 1)-th release. fp8's raw V stages are released by the transposing warps.
-    auto load = [&](int g, int n0, int kind, uint32_t tiles_at, const sm90::TensorMap* map,
-                    int hk, int64_t k_start, int64_t lane_row) {
-      const int ring = kind == kFullV ? kVRing : kKRing, st = g % ring;
-      if (g >= ring) {
-        const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
-        sm90::mbar_wait</*kParked=*/true>(bar(release, st), parity(g - ring, ring));
-      }
-      if (!paged) {
-        sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
-        for (int c = 0; c < kColBlocks; ++c) {
-          sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
-                            128 / kEB * c, hk, int(k_start + n0));
-        }
-        return;
-      }
-      // Paged (warp 0): lane i copies box i from the cache row it looked up (lane_row;
-      // none: no page, or past the range) once lane 0 has announced the tile's bytes.
-      if (threadIdx.x == 0) sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
-      __syncwarp();
-      const int r = int(threadIdx.x) * a.kv_box_rows;
-      if (r < kBlockN) {
-        const int at = lane_row >= 0 ? int(lane_row) : int(p.total_k);  // past the rows: zeros
-        for (int c = 0; c < kColBlocks; ++c) {
-          sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes + r * kRowBytes, map,
-                            bar(kind, st), 128 / kEB * c, hk, at);
-        }
-      }
-    };
-    // Paged: the whole of warp 0 runs the copy loop, lane i looking box i's page up (K
-    // and V share it) and issuing its copies. H100, d128, S=4096, causal, 16-row boxes:
-    // lookups and copies in one thread 225 TFLOP/s, lookups by the lanes and copies in
-    // one thread 263-268, both by the lanes 468 (64-row boxes 482-497).
     // The walk (warp 0 when paged, else thread 0): each item with rows to compute gets its
     // Q copied (also one whose rows see no key: its consumers stage their zeros in the
     // buffer) into buffer qi % kQBufs once that buffer's previous item has been written
@@ -249,25 +164,15 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           sm90::mbar_arrive(q_full(qb));
           return;
         }
-        sm90::mbar_arrive_expect_tx(q_full(qb), kColBlocks * kQBlockBytes);
-        for (int c = 0; c < kColBlocks; ++c) {
-          sm90::tma_load_3d(sQ0 + qb * kQBytes + c * kQBlockBytes, &a.q_map, q_full(qb),
-                            128 / kEB * c, blk.h, int(blk.s.q_start + blk.m0));
-        }
+        Tiles::copy_q(a, sm, qb, q_full(qb), blk.h, blk.s.q_start + blk.m0);
       };
       // Item blk's K / V tiles, its first the walk's g-th; returns how many.
       auto copy_tiles = [&](const FwdBlock& blk, int g) {
         const KeyTiles kt = key_tiles(blk);
         for (int j = 0; j < kt.tiles; ++j) {
           const int n0 = kt.n_lo + j * kBlockN;
-          int64_t lane_row = -1;
-          if (paged) {
-            const int key = n0 + int(threadIdx.x) * a.kv_box_rows;
-            if (int(threadIdx.x) * a.kv_box_rows < kBlockN && key < kt.n_hi)
-              lane_row = keys.row(blk.b, 0, key);
-          }
-          load(g + j, n0, kFullK, sK, &a.k_map, blk.hk, blk.s.k_start, lane_row);
-          load(g + j, n0, kFullV, sV, &a.v_map, blk.hk, blk.s.k_start, lane_row);
+          Tiles::template copy_kv<paged, /*kWalk=*/true>(
+              a, keys, g + j, [&] { return n0; }, blk, sm, bar, parity);
         }
         return kt.tiles;
       };
@@ -330,7 +235,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       auto transpose_item = [&](const FwdBlock& blk, int g) {
         const KeyTiles kt = key_tiles(blk);
         for (int j = 0; j < kt.tiles; ++j) {
-          transpose_stage(g + j, kt.n_hi - (kt.n_lo + j * kBlockN));
+          const int have = kt.n_hi - (kt.n_lo + j * kBlockN);
+          Tiles::transpose_stage(g + j, [&] { return have; }, sm, bar, parity);
         }
         return kt.tiles;
       };
@@ -384,7 +290,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       const int row0 = warp_id / 4 * 64;  // the warpgroup's first row in the block
       consume_item<T, D, kWgs, paged, /*kWalk=*/true>(
           a, blk, kt.n_lo, kt.n_hi, kt.tiles, keys,
-          ConsumerSmem{sQ0 + qb * kQBytes, sK, sV, sVt, warp_valid}, /*q_full=*/0u, g0,
+          ConsumerSmem{sm.sQ + qb * Tiles::kQBytes, sm.sK, sm.sV, sm.sVt, sm.warp_valid},
+          /*q_full=*/0u, g0,
           own_tiles, ConsumerThread{tid, lane, wg, row0, warp_id % 4, ln / 4, ln % 4}, bar,
           parity, my_turn, their_turn);
       return kt.tiles;
