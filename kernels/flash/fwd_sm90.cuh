@@ -702,7 +702,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
 // walk counts its tiles over the block's whole walk, one item a block from its item's
 // first (g = j); bar(kind, st) and parity(g, ring) are the kernel's barriers.
 template <typename T, int D, int kWgs>
-struct FwdTiles {
+struct FwdBlockTiles {
   // Enumerators: NVRTC emits static constexpr data members as global variables.
   enum : int {
     kBlockN = block_n(D),
@@ -879,7 +879,7 @@ struct FwdTiles {
 template <typename T, int D, int kWgs, bool kPaged = false>
 __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   using namespace flash_sm90;
-  using Tiles = FwdTiles<T, D, kWgs>;  // shapes, rings, layout and producer (above)
+  using Tiles = FwdBlockTiles<T, D, kWgs>;  // shapes, rings, layout and producer (above)
   constexpr int kBlockN = Tiles::kBlockN, kEB = Tiles::kEB;
   constexpr bool kFp8 = Tiles::kFp8;
   static_assert(!kFp8 || ((D == 64 || D == 128) && kWgs == (kPaged ? 2 : kFp8Wgs)),
@@ -916,9 +916,9 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   const KeyRows keys{p.block_table, p.max_blocks_per_seq, paged ? p.block_size : 1,
                      paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};
   if (threadIdx.x < 128) {
-    // The producer (FwdTiles: copy_q, copy_kv, transpose_stage).
+    // The producer (FwdBlockTiles: copy_q, copy_kv, transpose_stage).
     sm90::regs_release<producer_regs(kWgs, kEB)>();
-    // Paged: the whole of warp 0 runs the copy loop (FwdTiles::copy_kv).
+    // Paged: the whole of warp 0 runs the copy loop (FwdBlockTiles::copy_kv).
     if ((paged ? threadIdx.x < 32 : threadIdx.x == 0) && tiles > 0) {
       if (threadIdx.x == 0) {
         sm90::prefetch_tensor_map(&a.k_map);

@@ -22,7 +22,7 @@ namespace xla_attn {
 template <typename T, int D, int kWgs>
 __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   using namespace flash_sm90;
-  using Tiles = FwdTiles<T, D, kWgs>;  // shapes, rings, layout, producer (fwd_sm90.cuh)
+  using Tiles = FwdBlockTiles<T, D, kWgs>;  // shapes, rings, layout, producer (fwd_sm90.cuh)
   constexpr int kBlockN = Tiles::kBlockN, kEB = Tiles::kEB, kConsumers = Tiles::kConsumers;
   constexpr bool kFp8 = Tiles::kFp8;
   static_assert(!kFp8 || ((D == 64 || D == 128) && kWgs == kFp8Wgs),
@@ -143,7 +143,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   const KeyRows keys{p.block_table, p.max_blocks_per_seq, paged ? p.block_size : 1,
                      paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};
   if (threadIdx.x < 128) {
-    // The producer (FwdTiles: copy_q, copy_kv, transpose_stage).
+    // The producer (FwdBlockTiles: copy_q, copy_kv, transpose_stage).
     sm90::regs_release<producer_regs(kWgs, kEB)>();
     // The walk (warp 0 when paged, else thread 0): each item with rows to compute gets its
     // Q copied (also one whose rows see no key: its consumers stage their zeros in the
