@@ -35,8 +35,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
 
   // Item `item` (Args) located in `blk`: true where it has rows to compute. `threads` of
   // the block's threads, this one `thread`, share the padding rows' item (0: none). The
-  // last (head, sequence) pairs' items, enough for two a block, come longest first across
-  // the pairs (sequence.cuh, longest_first_tail): in plain order the last claims were the
+  // last (head, sequence) pairs' items, enough for two a block (eight where sequence
+  // lengths differ: a.tail_waves, launch.cc), come longest first across the pairs
+  // (sequence.cuh, longest_first_tail): in plain order the last claims were the
   // last heads' long row blocks under a causal mask, and a list-scheduling model of the
   // bench's causal rows (tools/tail_model.py's, items of x + 1 tiles) finished 5.6-7.1 %
   // past the work's even spread at S = 2048 .. 8192, 1.1-1.7 % with the remap; H200, same
@@ -81,9 +82,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   // across that wait, the producer (24 registers) spilled 80 bytes and fp8 lost 1.5 %.
   FwdBlock* const records = reinterpret_cast<FwdBlock*>(sm.warp_valid);
   // Beside the records, each consumer warpgroup's tiles of item qi (warpgroup_tiles) at
-  // wg_tiles_of(qi)[wg], located by the copying thread with
-  // the record where warpgroups pass the tiles their rows do not see (kPassesTiles,
-  // below).
+  // wg_tiles_of(qi)[wg], written by the copying thread with the record where warpgroups
+  // pass the tiles their rows do not see (kPassesTiles, below).
   int* const record_tiles = reinterpret_cast<int*>(records + kRecords);
   auto wg_tiles_of = [&](int qi) { return record_tiles + (qi % kRecords) * kWgs; };
   static_assert(2 * kMaxQBuffers * (sizeof(FwdBlock) + kWgs * sizeof(int)) <=
