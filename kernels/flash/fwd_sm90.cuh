@@ -380,6 +380,185 @@ __device__ __forceinline__ void transpose_v_e4m3(uint32_t raw, uint32_t vt, int 
 // full_vt (V^T written) and empty_raw (the raw V stage back to the copying thread).
 enum { kFullK, kFullV, kEmptyK, kEmptyV, kFullVt, kEmptyRaw };
 
+// The kernel setup and producer code both forward kernels share (flash_fwd_sm90, one
+// item a block, and flash_fwd_sm90_walk), as consume_item is their consumers': their tile
+// shapes and rings (sm90_tiles.h), the shared-memory layout (layout), the barriers
+// (init_barriers), fp8's V transposes (transpose_stage) and the producer's copies
+// (copy_q, copy_kv, load). Both kernels' PTX and machine code are what they were when each
+// wrote these out itself (compared kernel by kernel); where the two had written the same
+// step in another order, each keeps its own (below). Tile g sits in stage g % ring: the
+// walk counts its tiles over the block's whole walk, one item a block from its item's
+// first (g = j); bar(kind, st) and parity(g, ring) are the kernel's barriers.
+template <typename T, int D, int kWgs>
+struct FwdBlockTiles {
+  // Enumerators: NVRTC emits static constexpr data members as global variables.
+  enum : int {
+    kBlockN = block_n(D),
+    kBlockM = block_m(kWgs),  // kWgs consumer warpgroups of 64 rows
+    kConsumers = 128 * kWgs,  // consumer threads
+    kEB = int(sizeof(T)),  // element bytes: 2, or 1 for e4m3
+    kColBlocks = col_blocks(D, kEB),  // 128-byte column blocks of a row
+    // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
+    kKRing = k_stages(D, kEB),
+    kVRing = v_stages(D, kEB),
+    kVtRing = vt_stages(kEB),
+    kPvRing = kEB == 1 ? kVtRing : kVRing,
+  };
+  enum : bool { kFp8 = kEB == 1 };
+  using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
+  enum : uint32_t {
+    kQBlockBytes = kBlockM * kRowBytes,   // one column block of Q
+    kKVBlockBytes = kBlockN * kRowBytes,  // one column block of K or V
+    kKVBytes = kColBlocks * kKVBlockBytes,
+    kVtBytes = vt_bytes(D, kEB),  // fp8: V^T, D rows of kBlockN bytes
+    kQBytes = q_bytes(D, kWgs, kEB),  // one Q buffer
+  };
+  // The shared memory (sm90_tiles.h) from its kAlign-aligned start: q_buffers Q buffers
+  // (Q buffer qb at sQ + qb * kQBytes), the K, V and fp8 V^T rings, the barriers (bars),
+  // then the valid-bytes slice.
+  struct Smem {
+    uint32_t sQ, sK, sV, sVt, bars;
+    unsigned char* warp_valid;
+  };
+  static __device__ __forceinline__ Smem layout(unsigned char* smem, int q_buffers) {
+    Smem sm;
+    sm.sQ = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
+    sm.sK = sm.sQ + uint32_t(q_buffers) * kQBytes;
+    sm.sV = sm.sK + kKRing * kKVBytes;
+    sm.sVt = sm.sV + kVRing * kKVBytes;
+    sm.bars = sm.sVt + kVtRing * kVtBytes;
+    // paged: each consumer warp's valid bytes (sm90_tiles.h, valid_bytes), generic
+    sm.warp_valid = smem + (sm.bars + uint32_t(barrier_bytes(kEB)) - sm80::smem_addr(smem));
+    return sm;
+  }
+
+  // The barriers, by thread 0 before the block's threads meet: the kernel's Q barriers
+  // (init_q), then each stage's (the kinds above).
+  template <typename InitQ, typename Bar>
+  static __device__ __forceinline__ void init_barriers(InitQ&& init_q, Bar&& bar) {
+    if (threadIdx.x == 0) {
+      init_q();
+      for (int st = 0; st < kKRing; ++st) {
+        sm90::mbar_init(bar(kFullK, st));
+        sm90::mbar_init(bar(kEmptyK, st), 4 * kWgs);  // one arrival a consumer warp
+      }
+      for (int st = 0; st < kVRing; ++st) {
+        sm90::mbar_init(bar(kFullV, st));
+        if constexpr (kFp8) sm90::mbar_init(bar(kEmptyRaw, st));
+      }
+      for (int st = 0; st < kPvRing; ++st) {
+        sm90::mbar_init(bar(kEmptyV, st), 4 * kWgs);
+        if constexpr (kFp8) sm90::mbar_init(bar(kFullVt, st));
+      }
+      sm90::mbar_init_fence();
+    }
+    __syncthreads();
+  }
+
+  // fp8: V tile g into V^T stage g % kVtRing by the producer's warps 1 .. 3, once the
+  // copy has landed and the consumers have released that stage's previous V^T tile; the
+  // stores are made visible to wgmma (the async proxy) before full_vt is signalled, and
+  // the raw stage is handed back to the copying thread (empty_raw) after the named
+  // barrier. have(): the tile's keys inside the item's range, a callable so that each
+  // kernel keeps its order: one item a block counts them after the waits, the walk
+  // before (an int argument reordered the former's PTX).
+  template <typename Have, typename Bar, typename Parity>
+  static __device__ __forceinline__ void transpose_stage(int g, Have&& have, const Smem& sm,
+                                                         Bar&& bar, Parity&& parity) {
+    if constexpr (kFp8) {
+      const int st = g % kVtRing, raw = g % kVRing;
+      sm90::mbar_wait(bar(kFullV, raw), parity(g, kVRing));
+      if (g >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(g - kVtRing, kVtRing));
+      transpose_v_e4m3<D>(sm.sV + raw * kKVBytes, sm.sVt + st * kVtBytes, have(),
+                          threadIdx.x - 32);
+      sm90::fence_proxy_async_shared();
+      sm90::named_barrier(kProducerBarrier, 32 * kTransposeWarps);
+      if (threadIdx.x == 32) {
+        sm90::mbar_arrive(bar(kFullVt, st));
+        sm90::mbar_arrive(bar(kEmptyRaw, raw));
+      }
+    }
+  }
+
+  // An item's Q (head h, its first row at row q_row) into Q buffer qb (layout), landing
+  // on q_full (the producer's thread 0).
+  static __device__ __forceinline__ void copy_q(const Args& a, const Smem& sm, int qb,
+                                                uint32_t q_full, int h, int64_t q_row) {
+    sm90::mbar_arrive_expect_tx(q_full, kColBlocks * kQBlockBytes);
+    for (int c = 0; c < kColBlocks; ++c) {
+      sm90::tma_load_3d(sm.sQ + qb * kQBytes + c * kQBlockBytes, &a.q_map, q_full,
+                        128 / kEB * c, h, int(q_row));
+    }
+  }
+
+  // The producer's copies. Coordinates are (column, head, row), innermost first; boxes
+  // past the tensor's rows or head_dim read as zeros.
+  // Tile g of item blk (its tile starting at key first_key()) into stage g % ring of the
+  // ring at tiles_at (kind: its full barrier), each tensor once the stage's previous tile
+  // (g - ring) has released it: its (g / ring - 1)-th release. fp8's raw V stages are
+  // released by the transposing warps. As each kernel had it: the walk (kWalk) takes that
+  // release's parity as parity(g - ring, ring) and makes the tile's first key before the
+  // wait (first_key returns it), one item a block as g / ring - 1 and the key after it
+  // (an int argument reordered the latter's PTX).
+  // Given its ring (the kernels' lambdas read theirs from captured constants, opaque
+  // until inlined): with the ring picked from kind inside, ptxas scheduled the d64 and
+  // fp8 kernels' copies differently (their K and V rings are the same length).
+  template <bool kPaged, bool kWalk, typename N0, typename Bar, typename Parity>
+  static __device__ __forceinline__ void load(const Args& a, int g, N0&& first_key, int kind,
+                                              int ring, uint32_t tiles_at,
+                                              const sm90::TensorMap* map, const FwdBlock& blk,
+                                              int64_t lane_row, Bar&& bar, Parity&& parity) {
+    const int st = g % ring;
+    if (g >= ring) {
+      const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
+      sm90::mbar_wait</*kParked=*/true>(
+          bar(release, st), kWalk ? parity(g - ring, ring) : uint32_t(g / ring - 1) & 1u);
+    }
+    const int n0 = first_key();
+    if (!kPaged) {
+      sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
+      for (int c = 0; c < kColBlocks; ++c) {
+        sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
+                          128 / kEB * c, blk.hk, int(blk.s.k_start + n0));
+      }
+      return;
+    }
+    // Paged (warp 0): lane i copies box i from the cache row it looked up (lane_row;
+    // none: no page, or past the range) once lane 0 has announced the tile's bytes.
+    if (threadIdx.x == 0) sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
+    __syncwarp();
+    const int r = int(threadIdx.x) * a.kv_box_rows;
+    if (r < kBlockN) {
+      const int at = lane_row >= 0 ? int(lane_row) : int(a.p.total_k);  // past the rows: zeros
+      for (int c = 0; c < kColBlocks; ++c) {
+        sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes + r * kRowBytes, map,
+                          bar(kind, st), 128 / kEB * c, blk.hk, at);
+      }
+    }
+  }
+
+  // Tile g of K and V (item blk's tile from key first_key()), each by load. Paged: the
+  // whole of warp 0 runs the copy loop, lane i looking box i's page up (K and V share it;
+  // keys: the cache rows) and issuing its copies. H100, d128, S=4096, causal, 16-row
+  // boxes: lookups and copies in one thread 225 TFLOP/s, lookups by the lanes and copies
+  // in one thread 263-268, both by the lanes 468 (64-row boxes 482-497).
+  template <bool kPaged, bool kWalk, typename N0, typename Bar, typename Parity>
+  static __device__ __forceinline__ void copy_kv(const Args& a, const KeyRows& keys, int g,
+                                                 N0&& first_key, const FwdBlock& blk,
+                                                 const Smem& sm, Bar&& bar, Parity&& parity) {
+    int64_t lane_row = -1;
+    if (kPaged) {
+      const int key = first_key() + int(threadIdx.x) * a.kv_box_rows;
+      if (int(threadIdx.x) * a.kv_box_rows < kBlockN && key < blk.n_hi)
+        lane_row = keys.row(blk.b, 0, key);
+    }
+    load<kPaged, kWalk>(a, g, first_key, kFullK, kKRing, sm.sK, &a.k_map, blk, lane_row, bar,
+                        parity);
+    load<kPaged, kWalk>(a, g, first_key, kFullV, kVRing, sm.sV, &a.v_map, blk, lane_row, bar,
+                        parity);
+  }
+};
+
 // A consumer thread's indices (consume_item): tid among the consumer threads (0 ..
 // 128 kWgs - 1), its lane, its warpgroup wg, the warpgroup's first row in the block row0,
 // its warp in the warpgroup, and g = lane / 4, t = lane % 4 (its rows and column pair
@@ -416,20 +595,18 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
                                              int own_tiles, const ConsumerThread& th, Bar&& bar,
                                              Parity&& parity, MyTurn&& my_turn,
                                              TheirTurn&& their_turn) {
-  // the kernels' tile shapes and rings (sm90_tiles.h)
-  constexpr int kBlockN = block_n(D);
-  constexpr int kBlockM = block_m(kWgs);  // kWgs consumer warpgroups of 64 rows
-  constexpr int kConsumers = 128 * kWgs;  // consumer threads
-  constexpr int kEB = int(sizeof(T));  // element bytes: 2, or 1 for e4m3
-  constexpr bool kFp8 = kEB == 1;
-  constexpr int kColBlocks = col_blocks(D, kEB);  // 128-byte column blocks of a row
+  // the kernels' tile shapes and rings (FwdBlockTiles, above)
+  using Tiles = FwdBlockTiles<T, D, kWgs>;
+  constexpr int kBlockN = Tiles::kBlockN, kBlockM = Tiles::kBlockM;
+  constexpr int kConsumers = Tiles::kConsumers, kEB = Tiles::kEB;
+  constexpr bool kFp8 = Tiles::kFp8;
   constexpr int kPSteps = kBlockN * kEB / 32;  // P V k-steps (16 keys, fp8 32)
   constexpr int kNT = kBlockN / 8;    // n8 tiles of S
   constexpr int kDT = D / 8;          // n8 tiles of O
-  constexpr uint32_t kKVBytes = kColBlocks * kBlockN * kRowBytes;  // a K or V tile
-  constexpr uint32_t kVtBytes = vt_bytes(D, kEB);  // fp8: V^T, D rows of kBlockN bytes
-  constexpr int kKRing = k_stages(D, kEB), kVRing = v_stages(D, kEB), kVtRing = vt_stages(kEB);
-  constexpr int kPvRing = kFp8 ? kVtRing : kVRing;
+  constexpr uint32_t kKVBytes = Tiles::kKVBytes, kVtBytes = Tiles::kVtBytes;
+  constexpr int kColBlocks = Tiles::kColBlocks;
+  constexpr int kKRing = Tiles::kKRing, kVRing = Tiles::kVRing, kVtRing = Tiles::kVtRing,
+                kPvRing = Tiles::kPvRing;
   constexpr bool paged = kPaged;
   const xla_attn_flash_fwd_params& p = a.p;
   const int h = blk.h, b = blk.b, m0 = blk.m0, hd = blk.hd;
@@ -691,185 +868,6 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   finish_rows<T, D, kBlockM>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
   if constexpr (!kFp8) write_o_rows<T, D, kBlockM>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
 }
-
-// The kernel setup and producer code both forward kernels share (flash_fwd_sm90, one
-// item a block, and flash_fwd_sm90_walk), as consume_item is their consumers': their tile
-// shapes and rings (sm90_tiles.h), the shared-memory layout (layout), the barriers
-// (init_barriers), fp8's V transposes (transpose_stage) and the producer's copies
-// (copy_q, copy_kv, load). Both kernels' PTX and machine code are what they were when each
-// wrote these out itself (compared kernel by kernel); where the two had written the same
-// step in another order, each keeps its own (below). Tile g sits in stage g % ring: the
-// walk counts its tiles over the block's whole walk, one item a block from its item's
-// first (g = j); bar(kind, st) and parity(g, ring) are the kernel's barriers.
-template <typename T, int D, int kWgs>
-struct FwdBlockTiles {
-  // Enumerators: NVRTC emits static constexpr data members as global variables.
-  enum : int {
-    kBlockN = block_n(D),
-    kBlockM = block_m(kWgs),  // kWgs consumer warpgroups of 64 rows
-    kConsumers = 128 * kWgs,  // consumer threads
-    kEB = int(sizeof(T)),  // element bytes: 2, or 1 for e4m3
-    kColBlocks = col_blocks(D, kEB),  // 128-byte column blocks of a row
-    // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
-    kKRing = k_stages(D, kEB),
-    kVRing = v_stages(D, kEB),
-    kVtRing = vt_stages(kEB),
-    kPvRing = kEB == 1 ? kVtRing : kVRing,
-  };
-  enum : bool { kFp8 = kEB == 1 };
-  using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
-  enum : uint32_t {
-    kQBlockBytes = kBlockM * kRowBytes,   // one column block of Q
-    kKVBlockBytes = kBlockN * kRowBytes,  // one column block of K or V
-    kKVBytes = kColBlocks * kKVBlockBytes,
-    kVtBytes = vt_bytes(D, kEB),  // fp8: V^T, D rows of kBlockN bytes
-    kQBytes = q_bytes(D, kWgs, kEB),  // one Q buffer
-  };
-  // The shared memory (sm90_tiles.h) from its kAlign-aligned start: q_buffers Q buffers
-  // (Q buffer qb at sQ + qb * kQBytes), the K, V and fp8 V^T rings, the barriers (bars),
-  // then the valid-bytes slice.
-  struct Smem {
-    uint32_t sQ, sK, sV, sVt, bars;
-    unsigned char* warp_valid;
-  };
-  static __device__ __forceinline__ Smem layout(unsigned char* smem, int q_buffers) {
-    Smem sm;
-    sm.sQ = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
-    sm.sK = sm.sQ + uint32_t(q_buffers) * kQBytes;
-    sm.sV = sm.sK + kKRing * kKVBytes;
-    sm.sVt = sm.sV + kVRing * kKVBytes;
-    sm.bars = sm.sVt + kVtRing * kVtBytes;
-    // paged: each consumer warp's valid bytes (sm90_tiles.h, valid_bytes), generic
-    sm.warp_valid = smem + (sm.bars + uint32_t(barrier_bytes(kEB)) - sm80::smem_addr(smem));
-    return sm;
-  }
-
-  // The barriers, by thread 0 before the block's threads meet: the kernel's Q barriers
-  // (init_q), then each stage's (the kinds above).
-  template <typename InitQ, typename Bar>
-  static __device__ __forceinline__ void init_barriers(InitQ&& init_q, Bar&& bar) {
-    if (threadIdx.x == 0) {
-      init_q();
-      for (int st = 0; st < kKRing; ++st) {
-        sm90::mbar_init(bar(kFullK, st));
-        sm90::mbar_init(bar(kEmptyK, st), 4 * kWgs);  // one arrival a consumer warp
-      }
-      for (int st = 0; st < kVRing; ++st) {
-        sm90::mbar_init(bar(kFullV, st));
-        if constexpr (kFp8) sm90::mbar_init(bar(kEmptyRaw, st));
-      }
-      for (int st = 0; st < kPvRing; ++st) {
-        sm90::mbar_init(bar(kEmptyV, st), 4 * kWgs);
-        if constexpr (kFp8) sm90::mbar_init(bar(kFullVt, st));
-      }
-      sm90::mbar_init_fence();
-    }
-    __syncthreads();
-  }
-
-  // fp8: V tile g into V^T stage g % kVtRing by the producer's warps 1 .. 3, once the
-  // copy has landed and the consumers have released that stage's previous V^T tile; the
-  // stores are made visible to wgmma (the async proxy) before full_vt is signalled, and
-  // the raw stage is handed back to the copying thread (empty_raw) after the named
-  // barrier. have(): the tile's keys inside the item's range, a callable so that each
-  // kernel keeps its order: one item a block counts them after the waits, the walk
-  // before (an int argument reordered the former's PTX).
-  template <typename Have, typename Bar, typename Parity>
-  static __device__ __forceinline__ void transpose_stage(int g, Have&& have, const Smem& sm,
-                                                         Bar&& bar, Parity&& parity) {
-    if constexpr (kFp8) {
-      const int st = g % kVtRing, raw = g % kVRing;
-      sm90::mbar_wait(bar(kFullV, raw), parity(g, kVRing));
-      if (g >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(g - kVtRing, kVtRing));
-      transpose_v_e4m3<D>(sm.sV + raw * kKVBytes, sm.sVt + st * kVtBytes, have(),
-                          threadIdx.x - 32);
-      sm90::fence_proxy_async_shared();
-      sm90::named_barrier(kProducerBarrier, 32 * kTransposeWarps);
-      if (threadIdx.x == 32) {
-        sm90::mbar_arrive(bar(kFullVt, st));
-        sm90::mbar_arrive(bar(kEmptyRaw, raw));
-      }
-    }
-  }
-
-  // An item's Q (head h, its first row at row q_row) into Q buffer qb (layout), landing
-  // on q_full (the producer's thread 0).
-  static __device__ __forceinline__ void copy_q(const Args& a, const Smem& sm, int qb,
-                                                uint32_t q_full, int h, int64_t q_row) {
-    sm90::mbar_arrive_expect_tx(q_full, kColBlocks * kQBlockBytes);
-    for (int c = 0; c < kColBlocks; ++c) {
-      sm90::tma_load_3d(sm.sQ + qb * kQBytes + c * kQBlockBytes, &a.q_map, q_full,
-                        128 / kEB * c, h, int(q_row));
-    }
-  }
-
-  // The producer's copies. Coordinates are (column, head, row), innermost first; boxes
-  // past the tensor's rows or head_dim read as zeros.
-  // Tile g of item blk (its tile starting at key first_key()) into stage g % ring of the
-  // ring at tiles_at (kind: its full barrier), each tensor once the stage's previous tile
-  // (g - ring) has released it: its (g / ring - 1)-th release. fp8's raw V stages are
-  // released by the transposing warps. As each kernel had it: the walk (kWalk) takes that
-  // release's parity as parity(g - ring, ring) and makes the tile's first key before the
-  // wait (first_key returns it), one item a block as g / ring - 1 and the key after it
-  // (an int argument reordered the latter's PTX).
-  // Given its ring (the kernels' lambdas read theirs from captured constants, opaque
-  // until inlined): with the ring picked from kind inside, ptxas scheduled the d64 and
-  // fp8 kernels' copies differently (their K and V rings are the same length).
-  template <bool kPaged, bool kWalk, typename N0, typename Bar, typename Parity>
-  static __device__ __forceinline__ void load(const Args& a, int g, N0&& first_key, int kind,
-                                              int ring, uint32_t tiles_at,
-                                              const sm90::TensorMap* map, const FwdBlock& blk,
-                                              int64_t lane_row, Bar&& bar, Parity&& parity) {
-    const int st = g % ring;
-    if (g >= ring) {
-      const int release = kFp8 && kind == kFullV ? kEmptyRaw : kind + 2;
-      sm90::mbar_wait</*kParked=*/true>(
-          bar(release, st), kWalk ? parity(g - ring, ring) : uint32_t(g / ring - 1) & 1u);
-    }
-    const int n0 = first_key();
-    if (!kPaged) {
-      sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
-      for (int c = 0; c < kColBlocks; ++c) {
-        sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes, map, bar(kind, st),
-                          128 / kEB * c, blk.hk, int(blk.s.k_start + n0));
-      }
-      return;
-    }
-    // Paged (warp 0): lane i copies box i from the cache row it looked up (lane_row;
-    // none: no page, or past the range) once lane 0 has announced the tile's bytes.
-    if (threadIdx.x == 0) sm90::mbar_arrive_expect_tx(bar(kind, st), kKVBytes);
-    __syncwarp();
-    const int r = int(threadIdx.x) * a.kv_box_rows;
-    if (r < kBlockN) {
-      const int at = lane_row >= 0 ? int(lane_row) : int(a.p.total_k);  // past the rows: zeros
-      for (int c = 0; c < kColBlocks; ++c) {
-        sm90::tma_load_3d(tiles_at + st * kKVBytes + c * kKVBlockBytes + r * kRowBytes, map,
-                          bar(kind, st), 128 / kEB * c, blk.hk, at);
-      }
-    }
-  }
-
-  // Tile g of K and V (item blk's tile from key first_key()), each by load. Paged: the
-  // whole of warp 0 runs the copy loop, lane i looking box i's page up (K and V share it;
-  // keys: the cache rows) and issuing its copies. H100, d128, S=4096, causal, 16-row
-  // boxes: lookups and copies in one thread 225 TFLOP/s, lookups by the lanes and copies
-  // in one thread 263-268, both by the lanes 468 (64-row boxes 482-497).
-  template <bool kPaged, bool kWalk, typename N0, typename Bar, typename Parity>
-  static __device__ __forceinline__ void copy_kv(const Args& a, const KeyRows& keys, int g,
-                                                 N0&& first_key, const FwdBlock& blk,
-                                                 const Smem& sm, Bar&& bar, Parity&& parity) {
-    int64_t lane_row = -1;
-    if (kPaged) {
-      const int key = first_key() + int(threadIdx.x) * a.kv_box_rows;
-      if (int(threadIdx.x) * a.kv_box_rows < kBlockN && key < blk.n_hi)
-        lane_row = keys.row(blk.b, 0, key);
-    }
-    load<kPaged, kWalk>(a, g, first_key, kFullK, kKRing, sm.sK, &a.k_map, blk, lane_row, bar,
-                        parity);
-    load<kPaged, kWalk>(a, g, first_key, kFullV, kVRing, sm.sV, &a.v_map, blk, lane_row, bar,
-                        parity);
-  }
-};
 
 }  // namespace flash_sm90
 
