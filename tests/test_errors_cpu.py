@@ -319,12 +319,14 @@ def test_hopper_forward_is_for_sm90_alone(monkeypatch):
     assert pick(90, 80, "float16") == "xla_attn_flash_fwd_sm90_f16_d128"
     assert pick(90, 256) == "xla_attn_flash_fwd_sm90_bf16_d256"
     assert pick(90, 33) == "xla_attn_flash_fwd_sm90_bf16_d64"
-    # fp8 e4m3: head dims 16..64 and 65..128
+    # fp8 e4m3: head dims 16..64, 65..128 and 129..256
     assert pick(90, 64, "float8_e4m3fn") == "xla_attn_flash_fwd_sm90_f8e4m3_d64"
     assert pick(90, 16, "float8_e4m3fn") == "xla_attn_flash_fwd_sm90_f8e4m3_d64"
     assert pick(90, 80, "float8_e4m3fn") == "xla_attn_flash_fwd_sm90_f8e4m3_d128"
     assert pick(90, 128, "float8_e4m3fn") == "xla_attn_flash_fwd_sm90_f8e4m3_d128"
-    for arch, head_dim in ((89, 128), (90, 256)):
+    assert pick(90, 144, "float8_e4m3fn") == "xla_attn_flash_fwd_sm90_f8e4m3_d256"
+    assert pick(90, 256, "float8_e4m3fn") == "xla_attn_flash_fwd_sm90_f8e4m3_d256"
+    for arch, head_dim in ((89, 128), (90, 272)):
         with pytest.raises(RuntimeError):
             pick(arch, head_dim, "float8_e4m3fn")
     for arch, head_dim in ((89, 128), (100, 128), (90, 32)):

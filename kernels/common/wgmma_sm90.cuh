@@ -321,8 +321,12 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 template <int N>
 __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], uint64_t desc_a,
                                               uint64_t desc_b, bool accumulate) {
-  static_assert(N == 128, "wgmma_ss_e4m3: N = 128");
-  XLA_ATTN_WGMMA_SS_E4M3("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66");
+  static_assert(N == 64 || N == 128, "wgmma_ss_e4m3: N = 64 or 128");
+  if constexpr (N == 64) {
+    XLA_ATTN_WGMMA_SS_E4M3("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34");
+  } else {
+    XLA_ATTN_WGMMA_SS_E4M3("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66");
+  }
 }
 
 template <int N>

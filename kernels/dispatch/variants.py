@@ -255,25 +255,30 @@ def _flash_fwd_sm90_variants():
                 params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
                 head_dim_max=hi, features=features if paged else features & ~FEATURES["paged"],
                 priority=20, threads=128 * (1 + wgs))
-    # fp8 e4m3 (q, k, v; bf16 out) in two buckets, head dims 16-64 and 65-128 (sm90_tiles.h,
-    # fp8_bucket: both in one 128-byte column block a row), each with three consumer
-    # warpgroups (kFp8Wgs), its walk, and its paged instance with two: + 6.
+    # fp8 e4m3 (q, k, v; bf16 out) in three buckets, head dims 16-64, 65-128 and 129-256
+    # (sm90_tiles.h, fp8_bucket), each with its paged instance (two consumer warpgroups);
+    # d64 and d128 with three (kFp8Wgs) and a walk, d256 with two (fp8_wgs) and no walk
+    # (has_walk): + 8.
+    fp8 = DTYPES["f8e4m3"][1]
     for (lo, hi), (op, suffix) in itertools.product(
-            ((16, 64), (65, 128)), (("flash_fwd_tma", ""), ("flash_fwd_tma_paged", "_paged"),
-                                    ("flash_fwd_tma_walk", "_walk"))):
+            ((16, 64), (65, 128), (129, 256)),
+            (("flash_fwd_tma", ""), ("flash_fwd_tma_paged", "_paged"),
+             ("flash_fwd_tma_walk", "_walk"))):
+        if hi == 256 and suffix == "_walk":
+            continue
         paged = suffix == "_paged"
-        fp8 = DTYPES["f8e4m3"][1]
+        wgs = 2 if paged or hi == 256 else 3
         yield Variant(
             op=op, family="sm90",
             module="flash_fwd_sm90_walk" if suffix == "_walk" else "flash_fwd_sm90",
             kernel=f"xla_attn_flash_fwd_sm90_f8e4m3_d{hi}{suffix}",
-            template={"": f"xla_attn::flash_fwd_sm90<{fp8}, {hi}, 3>",
+            template={"": f"xla_attn::flash_fwd_sm90<{fp8}, {hi}, {wgs}>",
                       "_paged": f"xla_attn::flash_fwd_sm90<{fp8}, {hi}, 2, true>",
                       "_walk": f"xla_attn::flash_fwd_sm90_walk<{fp8}, {hi}, 3>"}[suffix],
             params="xla_attn::flash_sm90::Args", dtype0="f8e4m3", dtype1="f8e4m3",
             head_dim_min=lo, head_dim_max=hi,
             features=(features if paged else features & ~FEATURES["paged"]) | FEATURES["fp8"],
-            priority=20, threads=128 * (1 + (2 if paged else 3)))
+            priority=20, threads=128 * (1 + wgs))
 
 
 def _flash_bwd_sm90_variants():

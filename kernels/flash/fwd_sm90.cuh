@@ -319,11 +319,12 @@ __device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (
   }
 }
 
-// One kBlockN x 128-byte V tile of e4m3 (rows = keys, 128-byte swizzled as the copy
-// engine lands it) into V^T (rows = head dims, the first D, kBlockN = 128 bytes of keys,
-// swizzled the same way), as the K-major B operand of P V, by the producer's transposing warps. Keys
-// are permuted inside each 16: V^T column 16c + 4t + j holds key 16c + 2t + (j & 1) +
-// 8 (j >> 1), the key whose score sits in byte j of the P register that the consumers
+// One kBlockN-key V tile of e4m3 (rows = keys, in 128-byte column blocks, swizzled as the
+// copy engine lands them) into V^T (rows = head dims, the first D, kBlockN bytes of keys in
+// 128-byte rows swizzled the same way), as the K-major B operand of P V, by the producer's
+// transposing warps. Keys are permuted inside each 16: V^T column 16c + 4t + j holds key
+// 16c + 2t + (j & 1) + 8 (j >> 1), the key whose score sits in byte j of the P register
+// that the consumers
 // pack from accumulator pairs (2t, 2t + 1) and (2t + 8, 2t + 9) (to_p), so P needs no
 // shuffle. Keys at or past `have` read as zeros (rows past the sequence may hold NaN).
 // A warp moves a 16-key x 32-dim block a step: one ldmatrix.x4.trans (16-bit units: a
@@ -335,9 +336,13 @@ __device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (
 // transpose took ~70 instructions per 16 bytes a lane, and issue slots that the consumer
 // warps on the same schedulers needed: the fp8 forward ran at 0.8-1.0x bf16.
 // kMaskKeys: the tile holds keys at or past `have` (a sequence's last tile), zeroed.
+// d256 (64-key tiles): 4 key blocks, the raw tile's dims 128.. in its second column block
+// (kBlockN rows further), the keys in the first half of each V^T row.
 template <int D, bool kMaskKeys>
 __device__ __forceinline__ void transpose_v_blocks(uint32_t raw, uint32_t vt, int have, int pt) {
-  constexpr uint32_t kBlocks = 8u * uint32_t(D / 32);  // 8 key blocks x D / 32 dim blocks
+  constexpr uint32_t kKeyBlocks = uint32_t(block_n(D) / 16);
+  constexpr uint32_t kBlocks = kKeyBlocks * uint32_t(D / 32);  // key blocks x D / 32 dim blocks
+  constexpr uint32_t kRawBlockBytes = uint32_t(block_n(D)) * 128u;  // a raw column block
   const int lane = pt % 32, warp = pt / 32;
   const int m = lane / 8, r = lane % 8, half = m >> 1, t = lane % 4;
   // this lane's ldmatrix row (key r of matrix m) and stmatrix row (V^T row n_lane)
@@ -346,9 +351,14 @@ __device__ __forceinline__ void transpose_v_blocks(uint32_t raw, uint32_t vt, in
   const uint32_t st_row = vt + uint32_t(n_lane) * 128u;
 #pragma unroll 1
   for (uint32_t blk = warp; blk < kBlocks; blk += kTransposeWarps) {
-    const uint32_t c = blk % 8u, xb = blk / 8u;  // keys 16c .., dims 32xb ..
+    const uint32_t c = blk % kKeyBlocks, xb = blk / kKeyBlocks;  // keys 16c .., dims 32xb ..
     uint32_t x[4];
-    sm80::ldsm_x4_trans(x, ld_row + c * 2048u + (((2u * xb + uint32_t(half)) ^ uint32_t(r)) << 4));
+    if constexpr (D <= 128) {  // one raw column block (the d64 / d128 code as it was)
+      sm80::ldsm_x4_trans(x, ld_row + c * 2048u + (((2u * xb + uint32_t(half)) ^ uint32_t(r)) << 4));
+    } else {  // raw column block xb / 4, its 32-dim block xb % 4
+      sm80::ldsm_x4_trans(x, ld_row + xb / 4u * kRawBlockBytes + c * 2048u +
+                                 (((2u * (xb % 4u) + uint32_t(half)) ^ uint32_t(r)) << 4));
+    }
     if constexpr (kMaskKeys) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -880,8 +890,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   using Tiles = FwdBlockTiles<T, D, kWgs>;  // shapes, rings, layout and producer (above)
   constexpr int kBlockN = Tiles::kBlockN, kEB = Tiles::kEB;
   constexpr bool kFp8 = Tiles::kFp8;
-  static_assert(!kFp8 || ((D == 64 || D == 128) && kWgs == (kPaged ? 2 : kFp8Wgs)),
-                "fp8: the d64 and d128 buckets, three consumers (paged: two)");
+  static_assert(!kFp8 || ((D == 64 || D == 128 || D == 256) && kWgs == (kPaged ? 2 : fp8_wgs(D))),
+                "fp8: the d64, d128 and d256 buckets, fp8_wgs consumers (paged: two)");
   const xla_attn_flash_fwd_params& p = a.p;
   extern __shared__ __align__(128) unsigned char smem[];
 

@@ -113,7 +113,7 @@ std::string encode_rows(sm90::TensorMap* map, const void* base, int64_t rows, in
 }
 
 // The sm90 family (flash/fwd_sm90.cuh) where it takes the call: sm_90, 16-bit q/k/v
-// (or fp8 e4m3 with head_dim 16..128, in its d64 and d128 buckets), paged with block sizes that give whole 8-row
+// (or fp8 e4m3 with head_dim 16..256, in its d64, d128 and d256 buckets), paged with block sizes that give whole 8-row
 // boxes (flash_sm90::Args), no split wanted (asked for, or planned
 // because the grid would not fill the GPU), rows the copy engine can stride (16-byte
 // rows and 16-byte aligned tensors). Returns false (and launches nothing) where it does
@@ -155,7 +155,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                                            (counter || params.window_right < 0)));
   const char* walk_suffix = walk ? "_walk" : "";
   // d64: three consumer warpgroups (op flash_fwd_tma_m192) where they pay (sm90_tiles.h,
-  // wide_d64), else two; fp8 three (its flash_fwd_tma instances) unless paged (kFp8Wgs).
+  // wide_d64), else two; fp8 as fp8_wgs (its flash_fwd_tma instances) unless paged (two).
   dispatch::Query q = query;
   std::string unused, op;
   const dispatch::VariantEntry* v = nullptr;

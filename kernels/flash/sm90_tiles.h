@@ -87,19 +87,25 @@ XLA_ATTN_HOST_DEVICE constexpr int head_bucket(int head_dim) {
   return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
 }
 
-// fp8 (e4m3 q, k, v; bf16 out): two buckets, d64 (head dims 16..64) and d128 (65..128).
-// Both keep a row in one 128-byte swizzle span as the 16-bit kernels do (col_blocks): the
-// copy engine fills d64's upper 64 bytes with zeros, which no product reads: S takes D /
-// 32 k-steps and P V an N of D, O holds D / 2 registers and the producer transposes D
-// rows of V^T. Padded to d128 instead, d64 paid twice its products and transposes and ran
-// at 0.81-0.93x our bf16 d64 (H100, docs/benchmarks.md, 2026-11-26 (21)). d256 is not
-// built: O's 128 registers, S's 64 and the transpose's producer registers would not fit
-// 240.
-constexpr int kFp8MaxHeadDim = 128;
+// fp8 (e4m3 q, k, v; bf16 out): three buckets, d64 (head dims 16..64), d128 (65..128) and
+// d256 (129..256). d64 and d128 keep a row in one 128-byte swizzle span as the 16-bit
+// kernels do (col_blocks): the copy engine fills d64's upper 64 bytes with zeros, which no
+// product reads: S takes D / 32 k-steps and P V an N of D, O holds D / 2 registers and the
+// producer transposes D rows of V^T. Padded to d128 instead, d64 paid twice its products
+// and transposes and ran at 0.81-0.93x our bf16 d64 (H100, docs/benchmarks.md, 2026-11-26
+// (21)). d256 takes two consumer warpgroups and 64-key tiles, as 16-bit d256 does: O's 128
+// registers beside S's 32 and P's 8 fit the 232 a consumer keeps beside the transposing
+// producer's 40 (with 128-key tiles S's 64 would not).
+constexpr int kFp8MaxHeadDim = 256;
 XLA_ATTN_HOST_DEVICE constexpr bool fp8_covers(int head_dim) {
   return head_dim >= 16 && head_dim <= kFp8MaxHeadDim && head_dim % 16 == 0;
 }
-XLA_ATTN_HOST_DEVICE constexpr int fp8_bucket(int head_dim) { return head_dim <= 64 ? 64 : 128; }
+XLA_ATTN_HOST_DEVICE constexpr int fp8_bucket(int head_dim) {
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+// fp8's consumer warpgroups in its bucket d (non-paged; paged takes two): three up to
+// d128 (kFp8Wgs), two at d256 (O's registers, above).
+XLA_ATTN_HOST_DEVICE constexpr int fp8_wgs(int d) { return d <= 128 ? kFp8Wgs : 2; }
 
 // Keys per K/V tile: S is 64 x block_n per consumer warpgroup. 128 up to d128 (S 64 +
 // O 64 registers at d128); d256 takes 64 so that O's 128 registers fit beside S.
@@ -127,8 +133,11 @@ constexpr int kMaxStages = 4;
 XLA_ATTN_HOST_DEVICE constexpr int k_stages(int d, int eb) {
   return eb == 1 ? 4 : d <= 64 ? 4 : kStages;
 }
+// fp8 d256 (32 KB Q, 16 KB K and V tiles, 32 KB V^T tiles: D rows of 128 bytes) keeps 4 K
+// stages, 2 raw V stages (each handed back as soon as the producer has transposed it) and
+// 3 V^T stages, 226 KB in all.
 XLA_ATTN_HOST_DEVICE constexpr int v_stages(int d, int eb) {
-  return eb == 1 ? 4 : d <= 64 ? 4 : 3;
+  return eb == 1 ? (d <= 128 ? 4 : 2) : d <= 64 ? 4 : 3;
 }
 XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int eb) { return eb == 1 ? 3 : 0; }
 
@@ -168,8 +177,9 @@ XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d, int wgs, int eb = 2) {
 XLA_ATTN_HOST_DEVICE constexpr int kv_bytes(int d, int eb = 2) {
   return block_n(d) * col_blocks(d, eb) * kRowBytes;
 }
-// fp8's V^T: D rows of block_n e4m3 keys (one 128-byte row each)
-XLA_ATTN_HOST_DEVICE constexpr int vt_bytes(int d, int eb) { return eb == 1 ? d * block_n(d) : 0; }
+// fp8's V^T: D rows of block_n e4m3 keys, one 128-byte row each (d256's 64 keys take its
+// first half: the 128-byte swizzle's span, which P V's K-major operand reads)
+XLA_ATTN_HOST_DEVICE constexpr int vt_bytes(int d, int eb) { return eb == 1 ? d * kRowBytes : 0; }
 // q_full and q_empty of each Q buffer and the item its Q belongs to (an int in an 8-byte
 // slot), then kMaxStages each of full_k, full_v, empty_k, empty_v and (fp8) full_vt,
 // empty_raw: 8 bytes each.
@@ -199,8 +209,9 @@ XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb = 2, bool w
 }
 static_assert(smem_bytes(256, 2) <= kSmemLimit &&
                   smem_bytes(128, kFp8Wgs, 1, true) <= kSmemLimit &&
+                  smem_bytes(256, fp8_wgs(256), 1) <= kSmemLimit &&
                   smem_bytes(64, kFp8Wgs, 1, true) <= kSmemLimit,
-              "the d256 (fp8: d128) tiles exceed sm_90's 227 KB a block");
+              "the d256 (fp8: d128, d256) tiles exceed sm_90's 227 KB a block");
 static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 &&
                   q_buffers(128, kFp8Wgs, 1) == 2 && q_buffers(64, kFp8Wgs, 1) == 2,
               "d64 / d128 (16-bit and fp8) are meant to double their Q buffers");

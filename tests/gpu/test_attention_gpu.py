@@ -255,12 +255,10 @@ def test_flash_forward_paged_sm90(gpu_device, sm90_grid, rng, mk, monkeypatch, d
     gcd(block_size, block_n) rows from shuffled pages (8: 16 boxes a 128-key tile; 48:
     16-row boxes; 256: whole 128-key tiles), several tiles a sequence, GQA 4, NaN in
     unrelated blocks, past seqused_k and in q's padding rows; bf16, and fp8 e4m3 with
-    descales (head dims up to 128, P rounded to e4m3: FP8_P_BOUND)."""
+    descales (P rounded to e4m3: FP8_P_BOUND)."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     fp8 = dtype == "float8_e4m3fn"
-    if fp8 and head_dim > 128:
-        pytest.skip("the Hopper fp8 forward covers head dims up to 128")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
     lens_q, lens_k = [5, 1, 200, 0], [300, 16, 333, 20]
     seqused = np.array([290, 16, 333, 20], np.int32)
@@ -331,11 +329,12 @@ def test_flash_forward_fp8(family, gpu_device, rng, mk):
 
 @pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap",
                                      "alibi_batch"])
-@pytest.mark.parametrize("head_dim", [16, 64, 80, 128])
+@pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 144, 256])
 def test_flash_forward_fp8_sm90(gpu_device, sm90_grid, rng, mk, monkeypatch, record_property,
                                 head_dim, feature):
     """The Hopper fp8 forward alone (XLA_ATTN_FORCE_FAMILY=sm90): e4m3 q, k, v with
-    descales, bf16 out, head dims 16-128 in its d64 (16, 64) and d128 (80, 128) buckets
+    descales, bf16 out, head dims 16-256 in its d64 (16, 64), d128 (80, 128) and d256 (144,
+    256: 64-key tiles, two column blocks a row, V^T's keys in half rows) buckets
     (the d64 bucket's zero upper half read by no product), the NaN-tail layout of the 16-bit
     tests (boxes read past each sequence into NaN padding, keys past seqused_k NaN; the
     transposed V tiles must zero them). The error against the float64 reference is
@@ -361,8 +360,8 @@ def test_flash_forward_fp8_sm90(gpu_device, sm90_grid, rng, mk, monkeypatch, rec
 @pytest.mark.parametrize("rows", ["long", "short"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype,head_dim", [("float8_e4m3fn", 64), ("float8_e4m3fn", 128),
-                                            ("bfloat16", 64), ("bfloat16", 128),
-                                            ("float16", 256)])
+                                            ("float8_e4m3fn", 256), ("bfloat16", 64),
+                                            ("bfloat16", 128), ("float16", 256)])
 def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkeypatch, dtype,
                                           head_dim, causal, rows):
     """The Hopper forward where each key tile's scores pass the running max by more than
@@ -407,7 +406,8 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
 
 @pytest.mark.parametrize("offset", [0, 64, -64, 21])
 @pytest.mark.parametrize("dtype,head_dim", [("bfloat16", 64), ("bfloat16", 128),
-                                            ("float8_e4m3fn", 64), ("float8_e4m3fn", 128)])
+                                            ("float8_e4m3fn", 64), ("float8_e4m3fn", 128),
+                                            ("float8_e4m3fn", 256)])
 def test_flash_forward_sm90_causal_diagonals(gpu_device, sm90_grid, rng, mk, monkeypatch,
                                             dtype, head_dim, offset):
     """The Hopper forward on causal rows whose last key tile a consumer warpgroup sees
