@@ -794,7 +794,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   // d128 causal S = 512 / 1024 / 2048 +7.1 / +14.2 / +5.4 %, full S = 512 -0.8 %; fp8 d64
   // causal S = 512 / 1024 +2.3 / +2.0 %; bf16 d64 (three warpgroups) full S = 1024 +2.7 %,
   // causal S = 1024 / 2048 / 4096 +2.0 / -0.4 / +0.6 %.
-  constexpr bool kPassesTiles = !ping_pong(kWgs, kEB);
+  constexpr bool kPassesTiles = !ping_pong(kWgs, kEB, D);
   const int wg_tiles =
       !kPassesTiles ? tiles
       : kWalk       ? own_tiles
@@ -958,7 +958,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // instead of both contending for the tensor cores and then both leaving them idle.
     // Warpgroup 0 goes first; warpgroup 1 skips its last hand-over, so that every
     // arrival is waited for.
-    constexpr bool kPingPong = ping_pong(kWgs, kEB);  // 16-bit only (sm90_tiles.h)
+    constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit only (sm90_tiles.h)
     auto my_turn = [&] {
       if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
     };

@@ -97,7 +97,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   // loads and stores in the tile loop (so fp8 d128 computed every tile); from the
   // record, the kernel spills 40 / 48 bytes (36 / 36 computing every tile), two local
   // loads in the consumers' tile loop.
-  constexpr bool kPassesTiles = !ping_pong(kWgs, kEB);
+  constexpr bool kPassesTiles = !ping_pong(kWgs, kEB, D);
   // Per Q buffer: q_full (its copy landed), q_empty (every consumer warp has written its
   // item's O out of it). Then per stage: full_k, full_v (the producer's copies landed),
   // empty_k, empty_v (both consumer warpgroups are done reading). K and V are released
@@ -265,7 +265,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     // Warpgroup 0 goes first, over the block's whole walk; it takes one more turn after
     // its last item, so that every hand-over is waited for (an item's last included:
     // `last` is for one item a block).
-    constexpr bool kPingPong = ping_pong(kWgs, kEB);  // 16-bit only (sm90_tiles.h)
+    constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit only (sm90_tiles.h)
     auto my_turn = [&] {
       if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
     };

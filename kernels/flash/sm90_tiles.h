@@ -117,7 +117,9 @@ XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 128 : 64; 
 // (13)), so each warpgroup found its turn late and waited on it; without turns, H100
 // same run: fp8 d128 +0..+5 % (S=512 +4.7 %, 8192 +3.8 %), d64 +2 %; bf16 d128 without
 // them -2..+4 %, so it keeps them.
-XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb) { return wgs == 2 && eb == 2; }
+XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
+  return wgs == 2 && (eb == 2 || d > 128);
+}
 
 // K/V tiles in flight: the producer fills stage j + 1 while tile j is computed. fp8 (half
 // the bytes a tile, twice the product rate) rings K and the copied V through 4 stages and
