@@ -116,7 +116,12 @@ XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 128 : 64; 
 // against a softmax of ~2000 (ncu, H100, d128 S=8192: docs/benchmarks.md, 2026-11-25
 // (13)), so each warpgroup found its turn late and waited on it; without turns, H100
 // same run: fp8 d128 +0..+5 % (S=512 +4.7 %, 8192 +3.8 %), d64 +2 %; bf16 d128 without
-// them -2..+4 %, so it keeps them.
+// them -2..+4 %, so it keeps them. fp8 d256 takes them: its 64-key tiles halve the
+// softmax against the products (32 exponentials a thread for 2 x 64 x 64 x 256 products a
+// warpgroup); H100, same run, against no turns: S = 512 / 1024 / 2048 / 8192 / 16384 full
+// +1.8 / +5.0 / +9.0 / +11.1 / +10.1 %, causal 2048 / 8192 +5.8 / +7.8 % (128-key tiles
+// with their products in turn instead: +1.4 .. +12.1 %, its paged instance spilling 76
+// bytes). The walks (d <= 128) are unchanged.
 XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
   return wgs == 2 && (eb == 2 || d > 128);
 }
