@@ -30,9 +30,9 @@
 // (published by __syncwarp alone: the producer's copies cannot tell the consumers).
 //
 // fp8 (e4m3 q, k, v with q/k/v_descale; bf16 out; head dims up to 128 in one 128-byte
-// column block, the d64 bucket's upper half zeros: sm90_tiles.h, fp8_bucket): S = Q K^T
-// on m64n128k32 e4m3 products; P is rounded to e4m3 in
-// registers for P V. 8-bit wgmma reads B only K-major, and P V's K is the keys, so the
+// column block, the d64 bucket's upper half zeros, 129-256 in two with d256's 64-key tiles:
+// sm90_tiles.h, fp8_bucket): S = Q K^T on m64nNk32 e4m3 products (N = block_n); P is
+// rounded to e4m3 in registers for P V. 8-bit wgmma reads B only K-major, and P V's K is the keys, so the
 // producer warpgroup transposes each V tile in shared memory into a V^T tile (below,
 // transpose_v_e4m3) while the consumers compute, then releases it on a full_vt barrier.
 // The descales scale the scores (q_descale * k_descale) and O (v_descale).
