@@ -30,10 +30,11 @@
 // (published by __syncwarp alone: the producer's copies cannot tell the consumers).
 //
 // fp8 (e4m3 q, k, v with q/k/v_descale; bf16 out; head dims up to 128 in one 128-byte
-// column block, the d64 bucket's upper half zeros, 129-256 in two with d256's 64-key tiles:
-// sm90_tiles.h, fp8_bucket): S = Q K^T on m64nNk32 e4m3 products (N = block_n); P is
-// rounded to e4m3 in registers for P V. 8-bit wgmma reads B only K-major, and P V's K is the keys, so the
-// producer warpgroup transposes each V tile in shared memory into a V^T tile (below,
+// column block, the d64 bucket's upper half zeros, 129-256 in two with d256's 64-key
+// tiles: sm90_tiles.h, fp8_bucket): S = Q K^T on m64nNk32 e4m3 products (N = block_n); P
+// is rounded to e4m3 in registers for P V. 8-bit wgmma reads B only K-major, and P V's K
+// is the keys, so the producer warpgroup transposes each V tile in shared memory into a
+// V^T tile (below,
 // transpose_v_e4m3) while the consumers compute, then releases it on a full_vt barrier.
 // The descales scale the scores (q_descale * k_descale) and O (v_descale).
 //
@@ -324,10 +325,9 @@ __device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (
 // 128-byte rows swizzled the same way), as the K-major B operand of P V, by the producer's
 // transposing warps. Keys are permuted inside each 16: V^T column 16c + 4t + j holds key
 // 16c + 2t + (j & 1) + 8 (j >> 1), the key whose score sits in byte j of the P register
-// that the consumers
-// pack from accumulator pairs (2t, 2t + 1) and (2t + 8, 2t + 9) (to_p), so P needs no
-// shuffle. Keys at or past `have` read as zeros (rows past the sequence may hold NaN).
-// A warp moves a 16-key x 32-dim block a step: one ldmatrix.x4.trans (16-bit units: a
+// that the consumers pack from accumulator pairs (2t, 2t + 1) and (2t + 8, 2t + 9) (to_p),
+// so P needs no shuffle. Keys at or past `have` read as zeros (rows past the sequence may
+// hold NaN). A warp moves a 16-key x 32-dim block a step: one ldmatrix.x4.trans (16-bit units: a
 // lane gets dims 2g, 2g + 1 of keys 2t, 2t + 1, and of keys 2t + 8, 2t + 9 and dims + 16
 // in the other three matrices), 4 byte permutes into 4 keys of one dim a register, one
 // stmatrix.x4 (matrix row g = V^T row 2g (+1, +16, +17), bytes 4t.. = keys 4t..). The
@@ -354,7 +354,8 @@ __device__ __forceinline__ void transpose_v_blocks(uint32_t raw, uint32_t vt, in
     const uint32_t c = blk % kKeyBlocks, xb = blk / kKeyBlocks;  // keys 16c .., dims 32xb ..
     uint32_t x[4];
     if constexpr (D <= 128) {  // one raw column block (the d64 / d128 code as it was)
-      sm80::ldsm_x4_trans(x, ld_row + c * 2048u + (((2u * xb + uint32_t(half)) ^ uint32_t(r)) << 4));
+      sm80::ldsm_x4_trans(x,
+                          ld_row + c * 2048u + (((2u * xb + uint32_t(half)) ^ uint32_t(r)) << 4));
     } else {  // raw column block xb / 4, its 32-dim block xb % 4
       sm80::ldsm_x4_trans(x, ld_row + xb / 4u * kRawBlockBytes + c * 2048u +
                                  (((2u * (xb % 4u) + uint32_t(half)) ^ uint32_t(r)) << 4));
@@ -890,7 +891,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   using Tiles = FwdBlockTiles<T, D, kWgs>;  // shapes, rings, layout and producer (above)
   constexpr int kBlockN = Tiles::kBlockN, kEB = Tiles::kEB;
   constexpr bool kFp8 = Tiles::kFp8;
-  static_assert(!kFp8 || ((D == 64 || D == 128 || D == 256) && kWgs == (kPaged ? 2 : fp8_wgs(D))),
+  static_assert(!kFp8 || ((D == 64 || D == 128 || D == 256) &&
+                          kWgs == (kPaged ? 2 : fp8_wgs(D))),
                 "fp8: the d64, d128 and d256 buckets, fp8_wgs consumers (paged: two)");
   const xla_attn_flash_fwd_params& p = a.p;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -952,13 +954,13 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     const int wg = sm90::warp_uniform(ct / 128), row0 = wg * 64;
     const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
 
-    // With two 16-bit consumer warpgroups, FA3's ping-pong: they take turns issuing their
-    // products (named barriers kTurnBarrier + wg: wait for one's turn, then hand it to
-    // the other), so that one's products run while the other computes its softmax
-    // instead of both contending for the tensor cores and then both leaving them idle.
-    // Warpgroup 0 goes first; warpgroup 1 skips its last hand-over, so that every
+    // With two 16-bit (or fp8 d256) consumer warpgroups, FA3's ping-pong: they take turns
+    // issuing their products (named barriers kTurnBarrier + wg: wait for one's turn, then
+    // hand it to the other), so that one's products run while the other computes its
+    // softmax instead of both contending for the tensor cores and then both leaving them
+    // idle. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over, so that every
     // arrival is waited for.
-    constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit only (sm90_tiles.h)
+    constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit, fp8 d256 (sm90_tiles.h)
     auto my_turn = [&] {
       if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
     };

@@ -265,7 +265,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     // Warpgroup 0 goes first, over the block's whole walk; it takes one more turn after
     // its last item, so that every hand-over is waited for (an item's last included:
     // `last` is for one item a block).
-    constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit only (sm90_tiles.h)
+    constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit (sm90_tiles.h)
     auto my_turn = [&] {
       if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
     };

@@ -113,11 +113,11 @@ std::string encode_rows(sm90::TensorMap* map, const void* base, int64_t rows, in
 }
 
 // The sm90 family (flash/fwd_sm90.cuh) where it takes the call: sm_90, 16-bit q/k/v
-// (or fp8 e4m3 with head_dim 16..256, in its d64, d128 and d256 buckets), paged with block sizes that give whole 8-row
-// boxes (flash_sm90::Args), no split wanted (asked for, or planned
-// because the grid would not fill the GPU), rows the copy engine can stride (16-byte
-// rows and 16-byte aligned tensors). Returns false (and launches nothing) where it does
-// not; `error` is set only when it took the call and the launch failed.
+// (or fp8 e4m3 with head_dim 16..256, in its d64, d128 and d256 buckets), paged with
+// block sizes that give whole 8-row boxes (flash_sm90::Args), no split wanted (asked for,
+// or planned because the grid would not fill the GPU), rows the copy engine can stride
+// (16-byte rows and 16-byte aligned tensors). Returns false (and launches nothing) where
+// it does not; `error` is set only when it took the call and the launch failed.
 bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query& query,
                  cudaStream_t stream, std::string* error) {
   const bool fp8 = params.q_dtype == XLA_ATTN_F8E4M3;

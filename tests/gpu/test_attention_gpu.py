@@ -374,6 +374,10 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
     one block an item kernels (d256 takes those always). Against the float64 reference."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
+    if head_dim > 128 and sm90_grid != "items":
+        # d256 has no walk: every grid launches its one block an item kernel, and this
+        # test's float64 references are the GPU suite's slowest (2,300 rows at d256)
+        pytest.skip("d256: every grid is one block an item (the 'items' case runs it)")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
     fp8 = dtype == "float8_e4m3fn"
     # 16 heads and these rows: enough blocks that no split of the keys is planned (the
