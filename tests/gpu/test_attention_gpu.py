@@ -132,9 +132,21 @@ def sm90_grid(request, monkeypatch):
     several sequences and heads, so that Q buffers, stage rings and ping-pong turns carry
     from one to the next, or one block an item (XLA_ATTN_SM90_BLOCKS=0: the kernels a
     call without a workspace takes, and d256's)."""
+    if _one_launch_for_every_grid(request) and request.param != "items":
+        pytest.skip("no walk here (paged, or head dims past 128): every grid launches one "
+                    "block an item, which the 'items' case runs")
     if request.param != "sms":
         monkeypatch.setenv("XLA_ATTN_SM90_BLOCKS", "3" if request.param == "walk3" else "0")
     return request.param
+
+
+def _one_launch_for_every_grid(request):
+    """Whether the test's parameters make the three grids one launch: the walk takes
+    neither paged K/V (test_flash_forward_paged_sm90, `block_size`) nor head dims past
+    128 (sm90_tiles.h, has_walk), so XLA_ATTN_SM90_BLOCKS changes nothing there."""
+    callspec = getattr(request.node, "callspec", None)
+    params = callspec.params if callspec else {}
+    return "block_size" in params or params.get("head_dim", 0) > 128
 
 
 def _nan_tail_inputs(gpu_device, rng, mk, monkeypatch, dtype, head_dim, families,
@@ -374,10 +386,6 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
     one block an item kernels (d256 takes those always). Against the float64 reference."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
-    if head_dim > 128 and sm90_grid != "items":
-        # d256 has no walk: every grid launches its one block an item kernel, and this
-        # test's float64 references are the GPU suite's slowest (2,300 rows at d256)
-        pytest.skip("d256: every grid is one block an item (the 'items' case runs it)")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
     fp8 = dtype == "float8_e4m3fn"
     # 16 heads and these rows: enough blocks that no split of the keys is planned (the
