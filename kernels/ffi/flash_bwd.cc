@@ -11,9 +11,9 @@ ffi::Error FlashBwd(const char* target, cudaStream_t stream, int platform, ffi::
                     ffi::AnyBuffer lse, ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
                     ffi::AnyBuffer seqused_k, ffi::AnyBuffer alibi, const ffi::AnyBuffer* dlse,
                     ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                    ffi::Result<ffi::AnyBuffer> dv, ffi::AnyBuffer* workspace, float softmax_scale, float softcap,
-                    int64_t window_left, int64_t window_right, int64_t max_seqlen_q,
-                    int64_t max_seqlen_k) {
+                    ffi::Result<ffi::AnyBuffer> dv, ffi::AnyBuffer* workspace,
+                    float softmax_scale, float softcap, int64_t window_left,
+                    int64_t window_right, int64_t max_seqlen_q, int64_t max_seqlen_k) {
   Checker c(target);
   c.expect(rank(q) == 3 && rank(k) == 3 && k.dimensions() == v.dimensions(),
            "q must be [total_q, num_heads, head_dim], k and v [total_k, num_heads_k, head_dim]")
@@ -32,13 +32,14 @@ ffi::Error FlashBwd(const char* target, cudaStream_t stream, int platform, ffi::
   const int32_t alibi_stride = check_flash_common(c, window_left, window_right, max_seqlen_q,
                                                   max_seqlen_k, alibi, batch, dim(q, 1));
   const xla_attn_dtype dtype = to_dtype(q.element_type());
+  // softmax_lse and its cotangent dlse: float32 [num_heads, total_q]
+  auto lse_shaped = [&](const ffi::AnyBuffer& x) {
+    return rank(x) == 2 && dim(x, 0) == dim(q, 1) && dim(x, 1) == dim(q, 0) &&
+           to_dtype(x.element_type()) == XLA_ATTN_F32;
+  };
   c.expect(dim(k, 2) == dim(q, 2), "k's head_dim must equal q's")
-      .expect(rank(lse) == 2 && dim(lse, 0) == dim(q, 1) && dim(lse, 1) == dim(q, 0) &&
-                  to_dtype(lse.element_type()) == XLA_ATTN_F32,
-              "softmax_lse must be float32 [num_heads, total_q]")
-      .expect(!dlse || dlse->element_count() == 0 ||
-                  (rank(*dlse) == 2 && dim(*dlse, 0) == dim(q, 1) && dim(*dlse, 1) == dim(q, 0) &&
-                   to_dtype(dlse->element_type()) == XLA_ATTN_F32),
+      .expect(lse_shaped(lse), "softmax_lse must be float32 [num_heads, total_q]")
+      .expect(!dlse || dlse->element_count() == 0 || lse_shaped(*dlse),
               "dlse must be float32 [num_heads, total_q] (or empty: none)")
       .expect(seqused_k.element_count() == 0 ||
                   (seqused_k.element_count() == size_t(batch) &&
