@@ -68,7 +68,7 @@ def test_time_limit_stops_before_a_process_that_would_overrun(monkeypatch, tmp_p
     clock = [0.0]
     monkeypatch.setattr(ab.time, "monotonic", lambda: clock[0])
 
-    def fake_run(w, configs, op, tokens):
+    def fake_run(w, configs, op, tokens, timeout):
         clock[0] += 100.0
         return {"bf16 d128 S512 full": (400.0 if w == "a" else 440.0, 2e-3)}
 
@@ -79,3 +79,12 @@ def test_time_limit_stops_before_a_process_that_would_overrun(monkeypatch, tmp_p
     out = capsys.readouterr().out
     assert "stopped before round 2 of b" in out and out.rstrip().endswith("1.100")
     assert [len(r) for r in json.loads(out_json.read_text()).values()] == [2, 1]
+
+
+def test_a_process_past_its_timeout_is_killed_and_its_round_fails(capsys):
+    """--wheel-timeout: a wheel whose kernel never ends (its process sleeping here) is
+    killed, its round reported as failed, and the comparison goes on."""
+    got = ab.run_child("import time\nprint('started', flush=True)\ntime.sleep(60)",
+                       dict(os.environ), "a hanging wheel", timeout=2.0)
+    assert got == {}
+    assert "a hanging wheel killed after 2 s" in capsys.readouterr().err

@@ -5,6 +5,7 @@ between the wheels so that clock drift falls on all of them alike.
 
   python3 tools/ab_wheels.py dist/base dist/try1 dist/try2 [--configs bf16:128:512:causal,...]
       [--op fwd|fwd_bwd] [--rounds 2] [--tokens 16384] [--json out.json] [--time-limit S]
+      [--wheel-timeout S]
 
 A wheel argument is a .whl file or a folder holding one; a folder may hold an env.json
 whose variables its process gets (e.g. {"XLA_ATTN_SM90_BLOCKS": "132"} to time the same
@@ -135,10 +136,18 @@ def child_code(configs, op: str, tokens: int) -> str:
             f"TOOLS = {str(pathlib.Path(__file__).resolve().parent)!r}\n" + CHILD)
 
 
-def run_child(code: str, env: dict[str, str], label: str) -> dict[str, tuple[float, float]]:
-    """Runs child_code's program; its {config: (TFLOP/s, error)}, or {} where it failed."""
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=False)
+def run_child(code: str, env: dict[str, str], label: str,
+              timeout: float | None = None) -> dict[str, tuple[float, float]]:
+    """Runs child_code's program; its {config: (TFLOP/s, error)}, or {} where it failed or
+    ran past `timeout` seconds (killed: a kernel that never ends holds its process, and
+    without a bound the whole comparison, forever)."""
+    try:
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=False, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        print(f"ab_wheels: {label} killed after {timeout:g} s (a kernel that never ends?)\n"
+              f"{(e.stdout or b'')[-2000:]!r}", file=sys.stderr, flush=True)
+        return {}
     for line in run.stdout.splitlines():
         if line.startswith("RESULT "):
             return {k: tuple(v) for k, v in json.loads(line[7:]).items()}
@@ -146,13 +155,14 @@ def run_child(code: str, env: dict[str, str], label: str) -> dict[str, tuple[flo
     return {}
 
 
-def run_wheel(arg: str, configs, op: str, tokens: int) -> dict[str, tuple[float, float]]:
+def run_wheel(arg: str, configs, op: str, tokens: int,
+              timeout: float | None = None) -> dict[str, tuple[float, float]]:
     whl, extra_env = wheel_file(arg)
     with tempfile.TemporaryDirectory() as site:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                         "--target", site, str(whl)], check=True, capture_output=True)
         env = dict(os.environ, PYTHONPATH=site, **extra_env)
-        return run_child(child_code(configs, op, tokens), env, arg)
+        return run_child(child_code(configs, op, tokens), env, arg, timeout)
 
 
 def table(wheels: list[str], rounds: dict[str, list[dict]]) -> str:
@@ -185,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds: start no wheel's process that would likely end past them "
                    "(the longest one so far as the estimate), then print the table of the "
                    "rounds run (a timeout around the run would take the table with it)")
+    p.add_argument("--wheel-timeout", type=float, default=600.0,
+                   help="seconds: a wheel's process still running then is killed and its "
+                   "round counts as failed (0: no bound)")
     args = p.parse_args(argv)
     try:
         configs = parse_configs(args.configs, args.tokens)
@@ -200,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.time_limit:g} s", flush=True)
             break
         t0 = time.monotonic()
-        rounds[w].append(run_wheel(w, configs, args.op, args.tokens))
+        rounds[w].append(run_wheel(w, configs, args.op, args.tokens,
+                                   args.wheel_timeout or None))
         longest = max(longest, time.monotonic() - t0)
         # each round as it ends, so that a run cut short still leaves its numbers
         got = " ".join(f"{k}={t:.4g}" for k, (t, _) in rounds[w][-1].items())
