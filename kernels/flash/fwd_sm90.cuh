@@ -30,12 +30,12 @@
 // (published by __syncwarp alone: the producer's copies cannot tell the consumers).
 //
 // fp8 (e4m3 q, k, v with q/k/v_descale; bf16 out; head dims up to 128 in one 128-byte
-// column block, the d64 bucket's upper half zeros, 129-256 in two with d256's 64-key
-// tiles: sm90_tiles.h, fp8_bucket): S = Q K^T on m64nNk32 e4m3 products (N = block_n); P
-// is rounded to e4m3 in registers for P V. 8-bit wgmma reads B only K-major, and P V's K
-// is the keys, so the producer warpgroup transposes each V tile in shared memory into a
-// V^T tile (below,
-// transpose_v_e4m3) while the consumers compute, then releases it on a full_vt barrier.
+// column block, the d64 bucket's upper half zeros, 129-256 in two: sm90_tiles.h,
+// fp8_bucket; 128-key tiles in every bucket): S = Q K^T on m64n128k32 e4m3 products; P is
+// rounded to e4m3 in registers for P V. 8-bit wgmma reads B only K-major, and P V's K is
+// the keys, so the producer warpgroup transposes each V tile in shared memory into a V^T
+// tile (below, transpose_v_e4m3) while the consumers compute, then releases it on a
+// full_vt barrier.
 // The descales scale the scores (q_descale * k_descale) and O (v_descale).
 //
 // Rows past a sequence: the copy engine reads whole boxes, so a tile's rows past the
@@ -103,9 +103,9 @@ __device__ __forceinline__ void write_o_rows(const Args& a, uint32_t sQ, int row
 // the warpgroup's first row of the Q tile (kBlockM rows a column block); k_tile: a K
 // tile (block_n rows a column block).
 template <typename T, int D, int kBlockM>
-__device__ __forceinline__ void issue_qk(float (&s)[block_n(D) / 2], uint32_t q_rows,
-                                         uint32_t k_tile) {
-  constexpr int kBlockN = block_n(D);
+__device__ __forceinline__ void issue_qk(float (&s)[block_n(D, sizeof(T)) / 2],
+                                         uint32_t q_rows, uint32_t k_tile) {
+  constexpr int kBlockN = block_n(D, sizeof(T));
   constexpr int kKSteps = D * int(sizeof(T)) / 32;
   constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes, kKVBlockBytes = kBlockN * kRowBytes;
   const uint64_t q_desc = sm90::smem_desc(q_rows, 16);
@@ -129,17 +129,17 @@ __device__ __forceinline__ void issue_qk(float (&s)[block_n(D) / 2], uint32_t q_
 // V tile (16-bit: N-major, D columns in column blocks a tile's column block apart, 16
 // keys a k-step) or fp8's V^T tile (K-major, 32 keys a k-step along its 128-byte rows).
 template <typename T, int D>
-__device__ __forceinline__ void issue_pv_on(float (&o)[D / 2],
-                                            uint32_t (&pa)[block_n(D) * sizeof(T) / 32][4],
-                                            uint32_t v_tile) {
-  constexpr int kBlockN = block_n(D);
+__device__ __forceinline__ void issue_pv_on(
+    float (&o)[D / 2], uint32_t (&pa)[block_n(D, sizeof(T)) * sizeof(T) / 32][4],
+    uint32_t v_tile) {
+  constexpr int kBlockN = block_n(D, sizeof(T));
   constexpr bool kFp8 = sizeof(T) == 1;
   const uint64_t v_desc = sm90::smem_desc(v_tile, kFp8 ? 16u : kBlockN * kRowBytes);
   sm90::wgmma_hold(o);
   sm90::wgmma_hold(pa);
   sm90::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < int(block_n(D) * sizeof(T) / 32); ++kk) {
+  for (int kk = 0; kk < int(kBlockN * sizeof(T) / 32); ++kk) {
     if constexpr (kFp8) {
       sm90::wgmma_rs_e4m3<D>(o, pa[kk], sm90::desc_plus(v_desc, uint32_t(kk) * 32u));
     } else {
@@ -336,13 +336,12 @@ __device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (
 // transpose took ~70 instructions per 16 bytes a lane, and issue slots that the consumer
 // warps on the same schedulers needed: the fp8 forward ran at 0.8-1.0x bf16.
 // kMaskKeys: the tile holds keys at or past `have` (a sequence's last tile), zeroed.
-// d256 (64-key tiles): 4 key blocks, the raw tile's dims 128.. in its second column block
-// (kBlockN rows further), the keys in the first half of each V^T row.
+// d256: the raw tile's dims 128.. in its second column block (kBlockN rows further).
 template <int D, bool kMaskKeys>
 __device__ __forceinline__ void transpose_v_blocks(uint32_t raw, uint32_t vt, int have, int pt) {
-  constexpr uint32_t kKeyBlocks = uint32_t(block_n(D) / 16);
+  constexpr uint32_t kKeyBlocks = uint32_t(block_n(D, 1) / 16);
   constexpr uint32_t kBlocks = kKeyBlocks * uint32_t(D / 32);  // key blocks x D / 32 dim blocks
-  constexpr uint32_t kRawBlockBytes = uint32_t(block_n(D)) * 128u;  // a raw column block
+  constexpr uint32_t kRawBlockBytes = uint32_t(block_n(D, 1)) * 128u;  // a raw column block
   const int lane = pt % 32, warp = pt / 32;
   const int m = lane / 8, r = lane % 8, half = m >> 1, t = lane % 4;
   // this lane's ldmatrix row (key r of matrix m) and stmatrix row (V^T row n_lane)
@@ -379,7 +378,7 @@ __device__ __forceinline__ void transpose_v_blocks(uint32_t raw, uint32_t vt, in
 // +0..+1 % up to S=8192, +4 % at 16384: the transposes were not what held the consumers.
 template <int D>
 __device__ __forceinline__ void transpose_v_e4m3(uint32_t raw, uint32_t vt, int have, int pt) {
-  if (have >= block_n(D)) {
+  if (have >= block_n(D, 1)) {
     transpose_v_blocks<D, false>(raw, vt, have, pt);
   } else {
     transpose_v_blocks<D, true>(raw, vt, have, pt);
@@ -404,7 +403,7 @@ template <typename T, int D, int kWgs>
 struct FwdBlockTiles {
   // Enumerators: NVRTC emits static constexpr data members as global variables.
   enum : int {
-    kBlockN = block_n(D),
+    kBlockN = block_n(D, int(sizeof(T))),
     kBlockM = block_m(kWgs),  // kWgs consumer warpgroups of 64 rows
     kConsumers = 128 * kWgs,  // consumer threads
     kEB = int(sizeof(T)),  // element bytes: 2, or 1 for e4m3
@@ -412,7 +411,7 @@ struct FwdBlockTiles {
     // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
     kKRing = k_stages(D, kEB),
     kVRing = v_stages(D, kEB),
-    kVtRing = vt_stages(kEB),
+    kVtRing = vt_stages(D, kEB),
     kPvRing = kEB == 1 ? kVtRing : kVRing,
   };
   enum : bool { kFp8 = kEB == 1 };
@@ -927,7 +926,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
                      paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};
   if (threadIdx.x < 128) {
     // The producer (FwdBlockTiles: copy_q, copy_kv, transpose_stage).
-    sm90::regs_release<producer_regs(kWgs, kEB)>();
+    sm90::regs_release<producer_regs(kWgs, kEB, D)>();
     // Paged: the whole of warp 0 runs the copy loop (FwdBlockTiles::copy_kv).
     if ((paged ? threadIdx.x < 32 : threadIdx.x == 0) && tiles > 0) {
       if (threadIdx.x == 0) {
@@ -948,7 +947,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       }
     }
   } else {
-    sm90::regs_acquire<consumer_regs(kWgs, producer_regs(kWgs, kEB))>();
+    sm90::regs_acquire<consumer_regs(kWgs, producer_regs(kWgs, kEB, D))>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
     // The warpgroup (warp_uniform: its Q rows' descriptors stay in uniform registers).
     const int wg = sm90::warp_uniform(ct / 128), row0 = wg * 64;

@@ -32,21 +32,29 @@ XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q)
 }
 
 // Registers a thread after setmaxnreg (sm_90a): a block starts at 65536 / its threads
-// (rounded down to 8: 168 at 384 threads, 128 at 512); the producer drops to 24 and the
-// consumers take the rest: 240 with two (128 x 24 + 256 x 240 = 64512), 160 with three
-// (3072 + 384 x 160 = 64512). A consumer holds S (block_n / 2 f32), O (D / 2 f32) and P
-// (block_n / 4 b32): d64 64 + 32 + 32, d128 64 + 64 + 32, d256 32 + 128 + 16.
+// (rounded down to 8: start_regs, 168 at 384 threads, 128 at 512), and setmaxnreg.inc
+// waits until the registers the producer's setmaxnreg.dec gave back cover the consumers'
+// increase, so consumer_regs shares out only those: the producer drops to 24 and the
+// consumers take 240 with two (128 x 24 + 256 x 240 = 3 x 128 x 168), 160 with three
+// (3072 + 384 x 160 = 4 x 128 x 128). A count past that share never returns: fp8 d256 at
+// 32 / 240 (a share from 65536 instead of the starting 64512) hung its block (H100). A
+// consumer holds S (block_n / 2 f32), O (D / 2 f32) and P (block_n / 4 b32, fp8 / 8): d64
+// 64 + 32 + 32, d128 64 + 64 + 32, 16-bit d256 32 + 128 + 16, fp8 d256 64 + 128 + 16.
 // fp8: the producer also transposes V (fwd_sm90.cuh, transpose_v_e4m3), a 16-key x
-// 32-dim block a warp step, in 40 (consumers 232: at 56 / 224 they spilled 300 bytes);
-// beside three consumers in 32 (consumers 160: at 152 ptxas spilled 3.7 KB and
-// serialized every wgmma, C7512; at 32 the one block an item kernel spills 28 bytes, the
-// walk none; at 24, 204).
+// 32-dim block a warp step, in 40 beside two consumers (232: at 56 / 224 they spilled
+// 300 bytes), in 24 at d256 (its consumers need 240, below: the producer spills nothing
+// more at 24 than at 32); beside three consumers in 32 (consumers 160: at 152 ptxas
+// spilled 3.7 KB and serialized every wgmma, C7512; at 32 the one block an item kernel
+// spills 28 bytes, the walk none; at 24, 204).
 constexpr int kProducerRegs = 24;
-XLA_ATTN_HOST_DEVICE constexpr int producer_regs(int wgs, int eb) {
-  return eb == 2 ? kProducerRegs : wgs == 3 ? 32 : 40;
+XLA_ATTN_HOST_DEVICE constexpr int producer_regs(int wgs, int eb, int d) {
+  return eb == 2 ? kProducerRegs : wgs == 3 ? 32 : d > 128 ? 24 : 40;
+}
+XLA_ATTN_HOST_DEVICE constexpr int start_regs(int wgs) {
+  return 65536 / (128 * (wgs + 1)) / 8 * 8;
 }
 XLA_ATTN_HOST_DEVICE constexpr int consumer_regs(int wgs, int producer_regs = kProducerRegs) {
-  return (65536 - 128 * producer_regs) / (128 * wgs) / 8 * 8;
+  return (start_regs(wgs) * (wgs + 1) - producer_regs) / wgs / 8 * 8;
 }
 constexpr int kConsumerRegs = consumer_regs(kConsumerWarpgroups);
 
@@ -67,7 +75,8 @@ constexpr int kFp8Wgs = 3;
 // d64 (O 32 registers) can; H100, same run, against tiles_in_turn: one block an item S =
 // 4096 full +8 %, 8192 causal +8 %, 16384 +10 %; the walk (fwd_sm90_walk.cuh) S = 512
 // -5.5 / -7.6 % (full / causal), 1024 -0.6 / -2.8 %, 2048 +1.4 / -2.2 %, so the walk
-// keeps its tiles in turn.
+// keeps its tiles in turn. fp8 d256's two consumers (240 registers, 128-key tiles) overlap
+// as FA3's do.
 XLA_ATTN_HOST_DEVICE constexpr bool overlaps_products(int wgs, int eb, int d, bool walk) {
   return !(eb == 1 && wgs == 3 && (d > 64 || walk));
 }
@@ -93,9 +102,8 @@ XLA_ATTN_HOST_DEVICE constexpr int head_bucket(int head_dim) {
 // product reads: S takes D / 32 k-steps and P V an N of D, O holds D / 2 registers and the
 // producer transposes D rows of V^T. Padded to d128 instead, d64 paid twice its products
 // and transposes and ran at 0.81-0.93x our bf16 d64 (H100, docs/benchmarks.md, 2026-11-26
-// (21)). d256 takes two consumer warpgroups and 64-key tiles, as 16-bit d256 does: O's 128
-// registers beside S's 32 and P's 8 fit the 232 a consumer keeps beside the transposing
-// producer's 40 (with 128-key tiles S's 64 would not).
+// (21)). d256 takes two consumer warpgroups (O's 128 registers) at 240 registers and
+// 128-key tiles (S 64, P 16: FA3's fp8 d256 tile; block_n).
 constexpr int kFp8MaxHeadDim = 256;
 XLA_ATTN_HOST_DEVICE constexpr bool fp8_covers(int head_dim) {
   return head_dim >= 16 && head_dim <= kFp8MaxHeadDim && head_dim % 16 == 0;
@@ -108,20 +116,29 @@ XLA_ATTN_HOST_DEVICE constexpr int fp8_bucket(int head_dim) {
 XLA_ATTN_HOST_DEVICE constexpr int fp8_wgs(int d) { return d <= 128 ? kFp8Wgs : 2; }
 
 // Keys per K/V tile: S is 64 x block_n per consumer warpgroup. 128 up to d128 (S 64 +
-// O 64 registers at d128); d256 takes 64 so that O's 128 registers fit beside S.
-XLA_ATTN_HOST_DEVICE constexpr int block_n(int d) { return d <= 128 ? 128 : 64; }
+// O 64 registers at d128); 16-bit d256 takes 64 so that O's 128 registers fit beside S
+// (and its 64 KB Q beside the rings). fp8 d256 takes 128 (S 64 beside O 128 at 240
+// registers, ptxas spilling 84 bytes of loop-invariant values, read back by ~12 LDL a
+// tile): its S on m64n128k32 reads Q once for 128 keys where m64n64k32 read it for 64
+// (each of those products moved 4 KB of shared memory in its 32 cycles: the 128 bytes a
+// cycle shared memory gives). H100, same run, best of 2, against 64-key tiles taking
+// turns: full S = 1024 / 2048 / 8192 / 16384 +1.8 / +3.2 / +7.1 / +7.6 %, causal 2048 /
+// 8192 +1.4 / +5.9 % (952 TFLOP/s at S = 16384).
+XLA_ATTN_HOST_DEVICE constexpr int block_n(int d, int eb = 2) {
+  return d <= 128 || eb == 1 ? 128 : 64;
+}
 
 // The forward's two consumer warpgroups take turns issuing their products (ping-pong,
 // fwd_sm90.cuh) at 16 bits. Not at fp8: its products take ~1024 cycles a block tile
 // against a softmax of ~2000 (ncu, H100, d128 S=8192: docs/benchmarks.md, 2026-11-25
 // (13)), so each warpgroup found its turn late and waited on it; without turns, H100
 // same run: fp8 d128 +0..+5 % (S=512 +4.7 %, 8192 +3.8 %), d64 +2 %; bf16 d128 without
-// them -2..+4 %, so it keeps them. fp8 d256 takes them: its 64-key tiles halve the
-// softmax against the products (32 exponentials a thread for 2 x 64 x 64 x 256 products a
-// warpgroup); H100, same run, against no turns: S = 512 / 1024 / 2048 / 8192 / 16384 full
-// +1.8 / +5.0 / +9.0 / +11.1 / +10.1 %, causal 2048 / 8192 +5.8 / +7.8 % (128-key tiles
-// with their products in turn instead: +1.4 .. +12.1 %, its paged instance spilling 76
-// bytes). The walks (d <= 128) are unchanged.
+// them -2..+4 %, so it keeps them. fp8 d256 takes them: its products are twice d128's
+// for the same softmax (64 exponentials a thread a 128-key tile for 2 x 64 x 128 x 256
+// products a warpgroup); H100, same run, on 64-key tiles against no turns: S = 512 / 1024
+// / 2048 / 8192 / 16384 full +1.8 / +5.0 / +9.0 / +11.1 / +10.1 %, causal 2048 / 8192
+// +5.8 / +7.8 %; on 128-key tiles against none: +0.0 .. +2.3 % (S = 1024 .. 16384). The
+// walks (d <= 128) are unchanged.
 XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
   return wgs == 2 && (eb == 2 || d > 128);
 }
@@ -138,15 +155,16 @@ XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
 constexpr int kStages = 2;
 constexpr int kMaxStages = 4;
 XLA_ATTN_HOST_DEVICE constexpr int k_stages(int d, int eb) {
-  return eb == 1 ? 4 : d <= 64 ? 4 : kStages;
+  return eb == 1 ? (d <= 128 ? 4 : 2) : d <= 64 ? 4 : kStages;
 }
-// fp8 d256 (32 KB Q, 16 KB K and V tiles, 32 KB V^T tiles: D rows of 128 bytes) keeps 4 K
-// stages, 2 raw V stages (each handed back as soon as the producer has transposed it) and
-// 3 V^T stages, 226 KB in all.
+// fp8 d256 (32 KB Q, 32 KB K, V and V^T tiles) rings each through 2 stages, 224 KB in
+// all (with 64-key tiles it had 4 K, 2 raw V and 3 V^T stages of 16 / 16 / 32 KB).
 XLA_ATTN_HOST_DEVICE constexpr int v_stages(int d, int eb) {
   return eb == 1 ? (d <= 128 ? 4 : 2) : d <= 64 ? 4 : 3;
 }
-XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int eb) { return eb == 1 ? 3 : 0; }
+XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int d, int eb) {
+  return eb == 1 ? (d <= 128 ? 3 : 2) : 0;
+}
 
 // Named barriers (0 is __syncthreads): 1 the consumers' V-tail zeroing, 2 + wg each
 // consumer warpgroup's epilogue (up to 4), kProducerBarrier the fp8 producer's transposes,
@@ -182,10 +200,10 @@ XLA_ATTN_HOST_DEVICE constexpr int q_bytes(int d, int wgs, int eb = 2) {
   return block_m(wgs) * col_blocks(d, eb) * kRowBytes;
 }
 XLA_ATTN_HOST_DEVICE constexpr int kv_bytes(int d, int eb = 2) {
-  return block_n(d) * col_blocks(d, eb) * kRowBytes;
+  return block_n(d, eb) * col_blocks(d, eb) * kRowBytes;
 }
-// fp8's V^T: D rows of block_n e4m3 keys, one 128-byte row each (d256's 64 keys take its
-// first half: the 128-byte swizzle's span, which P V's K-major operand reads)
+// fp8's V^T: D rows of block_n (128) e4m3 keys, one 128-byte row each (the 128-byte
+// swizzle's span, which P V's K-major operand reads)
 XLA_ATTN_HOST_DEVICE constexpr int vt_bytes(int d, int eb) { return eb == 1 ? d * kRowBytes : 0; }
 // q_full and q_empty of each Q buffer and the item its Q belongs to (an int in an 8-byte
 // slot), then kMaxStages each of full_k, full_v, empty_k, empty_v and (fp8) full_vt,
@@ -196,11 +214,11 @@ XLA_ATTN_HOST_DEVICE constexpr int barrier_bytes(int eb) {
 }
 // Paged K/V (the kPaged instances): each consumer warp's valid bytes of its current tile, one
 // a key (1: its page exists), up to 3 consumer warpgroups.
-XLA_ATTN_HOST_DEVICE constexpr int valid_bytes(int d) { return 3 * 4 * block_n(d); }
+XLA_ATTN_HOST_DEVICE constexpr int valid_bytes(int d, int eb) { return 3 * 4 * block_n(d, eb); }
 XLA_ATTN_HOST_DEVICE constexpr int layout_bytes(int d, int wgs, int eb, int q_buffers) {
   return kAlign + q_buffers * q_bytes(d, wgs, eb) +
-         (k_stages(d, eb) + v_stages(d, eb)) * kv_bytes(d, eb) + vt_stages(eb) * vt_bytes(d, eb) +
-         barrier_bytes(eb) + valid_bytes(d);
+         (k_stages(d, eb) + v_stages(d, eb)) * kv_bytes(d, eb) +
+         vt_stages(d, eb) * vt_bytes(d, eb) + barrier_bytes(eb) + valid_bytes(d, eb);
 }
 // A block walks several (row block, head, sequence) items where the grid would take
 // more than one wave (a persistent grid, fwd_sm90.cuh): with two Q buffers the producer
