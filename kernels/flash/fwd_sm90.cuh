@@ -799,7 +799,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       !kPassesTiles ? tiles
       : kWalk       ? own_tiles
                     : warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles);
-  constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, kWalk);  // else tiles_in_turn
+  constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, kWalk, kPaged);  // else tiles_in_turn
   if constexpr (!kOverlap) {
     if (!kWalk && tiles > 0) sm90::mbar_wait(q_full, 0u);
     tiles_in_turn(
