@@ -126,7 +126,8 @@ XLA_ATTN_HOST_DEVICE constexpr int fp8_wgs(int d) { return d <= 128 ? kFp8Wgs : 
 // (each of those products moved 4 KB of shared memory in its 32 cycles: the 128 bytes a
 // cycle shared memory gives). H100, same run, best of 2, against 64-key tiles taking
 // turns: full S = 1024 / 2048 / 8192 / 16384 +1.8 / +3.2 / +7.1 / +7.6 %, causal 2048 /
-// 8192 +1.4 / +5.9 % (952 TFLOP/s at S = 16384).
+// 8192 +1.4 / +5.9 % (952 TFLOP/s at S = 16384); another run, causal 4096 / 16384 +2.9 /
+// +3.3 % (there two wheels with this same kernel differed by up to 3.5 %).
 XLA_ATTN_HOST_DEVICE constexpr int block_n(int d, int eb = 2) {
   return d <= 128 || eb == 1 ? 128 : 64;
 }
