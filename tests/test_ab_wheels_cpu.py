@@ -12,16 +12,20 @@ import ab_wheels as ab  # noqa: E402
 
 
 def test_configs_parse():
-    configs = "bf16:128:512:causal, fp8:128:8192,bf16:64:varlen,bf16:128:varlen3"
+    configs = ("bf16:128:512:causal, fp8:128:8192,bf16:64:varlen,bf16:128:varlen3,"
+               "fp8:256:2048:paged64,bf16:128:512:causal:paged16")
     assert ab.parse_configs(configs) == [
-        ("bf16", 128, 512, True), ("fp8", 128, 8192, False), ("bf16", 64, 0, True),
-        ("bf16", 128, -3, True)]
+        ("bf16", 128, 512, True, 0), ("fp8", 128, 8192, False, 0), ("bf16", 64, 0, True, 0),
+        ("bf16", 128, -3, True, 0), ("fp8", 256, 2048, False, 64),
+        ("bf16", 128, 512, True, 16)]
     assert len(ab.parse_configs(ab.DEFAULT_CONFIGS)) == 9
 
 
 @pytest.mark.parametrize("bad", ["f32:128:512", "bf16:128", "bf16:128:512:full",
                                  "bf16:128:long", "bf16:128:varlen:full", "bf16:128:varlenx",
-                                 "bf16:128:500", "bf16:96:512"])
+                                 "bf16:128:500", "bf16:96:512", "bf16:128:512:paged",
+                                 "bf16:128:512:paged0", "bf16:128:512:paged48",
+                                 "bf16:128:varlen:paged16", "bf16:128:512:paged16:causal"])
 def test_bad_configs_say_what_is_expected(bad):
     with pytest.raises(ValueError, match="config"):
         ab.parse_configs(bad)
@@ -51,12 +55,13 @@ def test_child_times_and_checks_the_installed_package(op):
     without a GPU): a TFLOP/s figure and the error against jax's attention, small for the
     output (fwd) and for the worst of dq, dk, dv (fwd_bwd)."""
     pytest.importorskip("jax")
-    code = ab.child_code(ab.parse_configs(
-        "bf16:64:64:causal,bf16:128:128,bf16:64:varlen,bf16:64:varlen2"),
-                         op, 256)
+    configs = "bf16:64:64:causal,bf16:128:128,bf16:64:varlen,bf16:64:varlen2"
+    paged = ",bf16:64:64:causal:paged16,fp8:128:128:paged32" if op == "fwd" else ""
+    code = ab.child_code(ab.parse_configs(configs + paged), op, 256)
     got = ab.run_child(code, dict(os.environ), "the installed package")
     assert set(got) == {"bf16 d64 S64 causal", "bf16 d128 S128 full", "bf16 d64 varlen causal",
-                         "bf16 d64 varlen2 causal"}
+                         "bf16 d64 varlen2 causal"} | (
+        {"bf16 d64 S64 paged16 causal", "fp8 d128 S128 paged32 full"} if paged else set())
     for tflops, err in got.values():
         assert tflops > 0 and 0 < err < 2e-2
 

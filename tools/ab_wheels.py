@@ -11,10 +11,12 @@ A wheel argument is a .whl file or a folder holding one; a folder may hold an en
 whose variables its process gets (e.g. {"XLA_ATTN_SM90_BLOCKS": "132"} to time the same
 wheel with the Hopper forward's walk forced). Shapes follow tools/bench.py's dense rows
 (--tokens = batch x seqlen, 16 K; H x D = 2048); a config is
-dtype:head_dim:seqlen[:causal], dtype bf16 or fp8 (e4m3 q, k, v through flash_attn_varlen,
-bf16 out); seqlen `varlen` is bench.py's varlen row (VARLEN_SEQS causal sequences of random
-lengths, --tokens in all, through flash_attn_varlen), `varlenN` the same with the lengths of
-seed N (bench.py's --seed). Prints TFLOP/s (best of the rounds)
+dtype:head_dim:seqlen[:causal][:pagedN], dtype bf16 or fp8 (e4m3 q, k, v through
+flash_attn_varlen, bf16 out); seqlen `varlen` is bench.py's varlen row (VARLEN_SEQS causal
+sequences of random lengths, --tokens in all, through flash_attn_varlen), `varlenN` the same
+with the lengths of seed N (bench.py's --seed); `pagedN` (a seqlen that N divides; --op fwd)
+reads K and V from a paged cache of N-row blocks in random order through a block table.
+Prints TFLOP/s (best of the rounds)
 and, per wheel, the relative error of its output (fwd_bwd: of its worst gradient of q, k
 and v) against jax's own attention in f32 on one batch and two heads (the other
 batches and heads do not enter their gradients), then each wheel's ratio to the first. A
@@ -45,7 +47,7 @@ import jax, jax.numpy as jnp
 from bench import measure, varlen_flops, varlen_lengths
 from xla_attn import jax as xj
 res = {}
-for dt, d, s, causal in CONFIGS:
+for dt, d, s, causal, page in CONFIGS:
     h = 2048 // d
     # s <= 0: the varlen row (lengths of seed -s), its sequences one batch row (1, total,
     # H, D) of the packed rows
@@ -56,15 +58,23 @@ for dt, d, s, causal in CONFIGS:
     # values e4m3 holds exactly, so that the bf16 and fp8 rows compute the same numbers
     q, k, v = (jax.random.normal(x, (b, rows, h, d), jnp.float32).astype(jnp.float8_e4m3fn)
                .astype(jnp.bfloat16) for x in ks)
-    if dt == "fp8" or s <= 0:
+    if dt == "fp8" or s <= 0 or page:
         cu = jnp.cumsum(jnp.asarray([0] + lens, jnp.int32))
         kind = jnp.float8_e4m3fn if dt == "fp8" else jnp.bfloat16
         # packed (and cast to e4m3) once, outside the timed function: timed with the
         # kernel, the casts of three arrays made fp8's causal S=512 read about half the
         # rate tools/bench.py measures
         args = tuple(x.reshape(b * rows, h, d).astype(kind) for x in (q, k, v))
+        table = None
+        if page:  # sequence i's key block j in cache block table[i, j], blocks shuffled
+            table = jax.random.permutation(jax.random.key(2), b * rows // page).astype(
+                jnp.int32)
+            cache = lambda x: jnp.zeros_like(x).at[table].set(x)
+            args = (args[0],) + tuple(cache(x.reshape(-1, page, h, d)) for x in args[1:])
+            table = table.reshape(b, rows // page)
         f = lambda q, k, v: xj.flash_attn_varlen(q, k, v, cu, cu, max(lens), max(lens),
-                                                 causal=causal).reshape(b, rows, h, d)
+                                                 causal=causal, block_table=table
+                                                 ).reshape(b, rows, h, d)
     else:
         args = (q, k, v)
         f = lambda q, k, v: xj.flash_attn(q, k, v, causal=causal)
@@ -87,22 +97,25 @@ for dt, d, s, causal in CONFIGS:
     t = measure(lambda i: fn(*args), jax.block_until_ready, budget_s=0.4, max_samples=7)["s"]
     flops = varlen_flops(lens, h, d, causal, OP == "fwd_bwd")
     name = f"S{s}" if s > 0 else f"varlen{-s}" if s else "varlen"
+    name += f" paged{page}" if page else ""
     res[f"{dt} d{d} {name} {'causal' if causal else 'full'}"] = (
         flops / t / 1e12, err)
 print("RESULT " + json.dumps(res))
 '''
 
 
-def parse_configs(text: str, tokens: int = 16384) -> list[tuple[str, int, int, bool]]:
-    """'bf16:128:512:causal,fp8:128:8192,bf16:128:varlen' -> [("bf16", 128, 512, True),
-    ..., ("bf16", 128, 0, True)] (seqlen <= 0: the varlen row of seed -seqlen, causal)."""
+def parse_configs(text: str, tokens: int = 16384) -> list[tuple[str, int, int, bool, int]]:
+    """'bf16:128:512:causal,fp8:128:8192:paged64,bf16:128:varlen' -> [("bf16", 128, 512,
+    True, 0), ("fp8", 128, 8192, False, 64), ("bf16", 128, 0, True, 0)] (seqlen <= 0: the
+    varlen row of seed -seqlen, causal; the last: the paged cache's block size, or 0)."""
     configs = []
     for item in filter(None, (x.strip() for x in text.split(","))):
         parts = item.split(":")
+        page = parts.pop() if len(parts) > 3 and parts[-1].startswith("paged") else ""
         if len(parts) not in (3, 4) or parts[0] not in ("bf16", "fp8") or (
                 len(parts) == 4 and parts[3] != "causal"):
-            raise ValueError(f"config {item!r}: expected dtype:head_dim:seqlen[:causal] "
-                             "(seqlen a number or varlen), dtype bf16 or fp8")
+            raise ValueError(f"config {item!r}: expected dtype:head_dim:seqlen[:causal]"
+                             "[:pagedN] (seqlen a number or varlen), dtype bf16 or fp8")
         seed = parts[2].removeprefix("varlen")
         varlen = parts[2].startswith("varlen") and (seed == "" or seed.isdigit())
         if not parts[1].isdigit() or not (parts[2].isdigit() or varlen):
@@ -112,7 +125,11 @@ def parse_configs(text: str, tokens: int = 16384) -> list[tuple[str, int, int, b
         if tokens % (s if s > 0 else VARLEN_SEQS) or 2048 % d:
             raise ValueError(f"config {item!r}: seqlen must divide {tokens} (varlen: "
                              f"{VARLEN_SEQS} must), head_dim 2048")
-        configs.append((parts[0], d, s, len(parts) == 4 or s <= 0))
+        block = page.removeprefix("paged")
+        if page and not (block.isdigit() and int(block) > 0 and s > 0 and s % int(block) == 0):
+            raise ValueError(f"config {item!r}: pagedN takes a block size N > 0 that divides "
+                             "the seqlen (not varlen)")
+        configs.append((parts[0], d, s, len(parts) == 4 or s <= 0, int(block or 0)))
     return configs
 
 
@@ -205,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if args.op == "fwd_bwd" and any(dt == "fp8" for dt, *_ in configs):
         p.error("--op fwd_bwd: the fp8 forward has no backward")
+    if args.op == "fwd_bwd" and any(page for *_, page in configs):
+        p.error("--op fwd_bwd: the paged forward has no backward")
     rounds = {w: [] for w in args.wheels}
     start, longest = time.monotonic(), 0.0
     for i, w in itertools.product(range(args.rounds), args.wheels):
