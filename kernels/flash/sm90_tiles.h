@@ -57,6 +57,12 @@ XLA_ATTN_HOST_DEVICE constexpr int consumer_regs(int wgs, int producer_regs = kP
   return (start_regs(wgs) * (wgs + 1) - producer_regs) / wgs / 8 * 8;
 }
 constexpr int kConsumerRegs = consumer_regs(kConsumerWarpgroups);
+// What the producer gives back covers the consumers' increase (else setmaxnreg.inc never
+// returns): the shares the kernels take, and 32 / two, which once hung at 240.
+static_assert(consumer_regs(2, 24) == 240 && consumer_regs(2, 40) == 232 &&
+                  consumer_regs(2, 32) == 232 && consumer_regs(3, 32) == 160 &&
+                  128 * 32 + 256 * consumer_regs(2, 32) <= 3 * 128 * start_regs(2),
+              "consumer_regs shares out more registers than the producer gives back");
 
 // fp8 takes three consumer warpgroups (192-row blocks) where it is not paged: its
 // softmax (the same per S element as d64's at 16 bits, for products twice as fast)
