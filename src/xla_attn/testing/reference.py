@@ -162,12 +162,15 @@ def _sequence_backward(dout, q, k, v, scale, left, right, softcap, slopes, out_d
     _, _, cache = _sequence_forward(q, k, v, scale, left, right, softcap, slopes)
     p, kh, vh, group = cache["p"], cache["kh"], cache["vh"], cache["group"]
     dvh = np.einsum("hij,ihd->jhd", p, dout, optimize=True)
-    dp = np.einsum("ihd,jhd->hij", dout, vh, optimize=True)
+    # dP and rowsum(dO * O) by numpy's own loops, which add over d in one order: where a
+    # row sees one key (P = 1, O = V) the two are then equal and dS is exactly 0, as the
+    # kernels find it (through BLAS, dP's sums differed in the last bit: dq 1e-17, not 0)
+    dp = np.einsum("ihd,jhd->hij", dout, vh)
     if out_dtype is None:
         delta = (p * dp).sum(axis=2, keepdims=True)
     else:
-        o = np.einsum("hij,jhd->ihd", p, vh, optimize=True).astype(out_dtype).astype(np.float64)
-        delta = np.einsum("ihd,ihd->hi", dout, o, optimize=True)[..., None]
+        o = np.einsum("hij,jhd->ihd", p, vh).astype(out_dtype).astype(np.float64)
+        delta = np.einsum("ihd,ihd->hi", dout, o)[..., None]
     ds = p * (dp - delta)
     if dlse is not None:
         ds = ds + p * np.asarray(dlse, np.float64)[..., None]
