@@ -413,6 +413,9 @@ struct FwdBlockTiles {
     kVRing = v_stages(D, kEB),
     kVtRing = vt_stages(D, kEB),
     kPvRing = kEB == 1 ? kVtRing : kVRing,
+    // setmaxnreg's counts (sm90_tiles.h): the producer warpgroup's, then each consumer's
+    kRegsProducer = producer_regs(kWgs, kEB, D),
+    kRegsConsumer = consumer_regs(kWgs, kRegsProducer),
   };
   enum : bool { kFp8 = kEB == 1 };
   using Out = Select<kFp8, __nv_bfloat16, T>;  // fp8's output is bf16
@@ -926,7 +929,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
                      paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};
   if (threadIdx.x < 128) {
     // The producer (FwdBlockTiles: copy_q, copy_kv, transpose_stage).
-    sm90::regs_release<producer_regs(kWgs, kEB, D)>();
+    sm90::regs_release<Tiles::kRegsProducer>();
     // Paged: the whole of warp 0 runs the copy loop (FwdBlockTiles::copy_kv).
     if ((paged ? threadIdx.x < 32 : threadIdx.x == 0) && tiles > 0) {
       if (threadIdx.x == 0) {
@@ -947,7 +950,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
       }
     }
   } else {
-    sm90::regs_acquire<consumer_regs(kWgs, producer_regs(kWgs, kEB, D))>();
+    sm90::regs_acquire<Tiles::kRegsConsumer>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
     // The warpgroup (warp_uniform: its Q rows' descriptors stay in uniform registers).
     const int wg = sm90::warp_uniform(ct / 128), row0 = wg * 64;

@@ -144,7 +144,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
                      paged ? int(min(int64_t(p.num_blocks), p.total_k / p.block_size)) : 0};
   if (threadIdx.x < 128) {
     // The producer (FwdBlockTiles: copy_q, copy_kv, transpose_stage).
-    sm90::regs_release<producer_regs(kWgs, kEB, D)>();
+    sm90::regs_release<Tiles::kRegsProducer>();
     // The walk (warp 0 when paged, else thread 0): each item with rows to compute gets its
     // Q copied (also one whose rows see no key: its consumers stage their zeros in the
     // buffer) into buffer qi % kQBufs once that buffer's previous item has been written
@@ -256,7 +256,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       }
     }
   } else {
-    sm90::regs_acquire<consumer_regs(kWgs, producer_regs(kWgs, kEB, D))>();
+    sm90::regs_acquire<Tiles::kRegsConsumer>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. kConsumers - 1
     const int wg = sm90::warp_uniform(ct / 128), lane = ct % 32;
 

@@ -127,10 +127,10 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   // Paged: boxes of gcd(block_size, block_n) rows, a multiple of 8 (Args), and
   // box coordinates (int32) that reach one past the cache's rows.
   const bool paged = params.block_table != nullptr;
-  const int box = paged ? std::gcd(std::max(params.block_size, 1), flash_sm90::block_n(d, eb))
-                        : flash_sm90::block_n(d, eb);
+  const int block_n = flash_sm90::block_n(d, eb);
+  const int box = paged ? std::gcd(std::max(params.block_size, 1), block_n) : block_n;
   if (paged && (params.block_size <= 0 || box % 8 != 0 || params.num_blocks <= 0 ||
-                params.total_k >= (int64_t(1) << 31) - flash_sm90::block_n(d, eb))) {
+                params.total_k >= (int64_t(1) << 31) - block_n)) {
     return false;
   }
   if (query.arch != 90 || params.num_splits > 1 ||

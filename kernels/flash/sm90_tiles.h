@@ -86,7 +86,7 @@ constexpr int kFp8Wgs = 3;
 // bytes overlapped and 56 in turn; H100, paged fp8 d256 B = 8 x 2048, 64-row pages, best of
 // 3 against overlapped: full +1.8 %, causal +1.1 % (against 64-key tiles +9.7 / +6.2 %).
 XLA_ATTN_HOST_DEVICE constexpr bool overlaps_products(int wgs, int eb, int d, bool walk,
-                                                      bool paged = false) {
+                                                      bool paged) {
   return !(eb == 1 && ((wgs == 3 && (d > 64 || walk)) || (paged && d > 128)));
 }
 
@@ -134,7 +134,7 @@ XLA_ATTN_HOST_DEVICE constexpr int fp8_wgs(int d) { return d <= 128 ? kFp8Wgs : 
 // turns: full S = 1024 / 2048 / 8192 / 16384 +1.8 / +3.2 / +7.1 / +7.6 %, causal 2048 /
 // 8192 +1.4 / +5.9 % (952 TFLOP/s at S = 16384); another run, causal 4096 / 16384 +2.9 /
 // +3.3 % (there two wheels with this same kernel differed by up to 3.5 %).
-XLA_ATTN_HOST_DEVICE constexpr int block_n(int d, int eb = 2) {
+XLA_ATTN_HOST_DEVICE constexpr int block_n(int d, int eb) {
   return d <= 128 || eb == 1 ? 128 : 64;
 }
 
