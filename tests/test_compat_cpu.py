@@ -31,3 +31,28 @@ def test_every_target_runs_on_this_jax():
     for x in (out, grad, paged, kc):
         assert np.isfinite(np.asarray(x)).all()
     np.testing.assert_array_equal(np.asarray(kc).reshape(8, 2, 16)[3], np.asarray(q[0]))
+
+
+def test_flash_fwd_workspace_holds_fp8_vt():
+    """The forward's workspace, sized from shapes and K's dtype: fp8 d256 (non-paged) also
+    holds V^T for the Hopper forward (a 1 KB offset, then heads_k x head_dim rows of
+    total_k + 144 columns a sequence, rounded to 16: sm90_tiles.h, vt_workspace_bytes);
+    bf16, paged fp8 and fp8 d128 ask for what the dtype-blind v1 asks for (split-KV
+    partials, the walk's item counter)."""
+    shape = dict(total_q=4096, total_k=4096, batch=2, num_heads=8, num_heads_k=2,
+                 max_seqlen_q=2048, max_seqlen_k=2048)
+    size = lambda d, dt, paged=False: _native.flash_fwd_workspace_size(
+        head_dim=d, kv_dtype=dt, paged=paged, **shape)
+    vt_cols = (4096 + 144 * 2 + 16 + 15) // 16 * 16
+    assert size(256, "float8_e4m3fn") == 1024 + 2 * 256 * vt_cols
+    assert size(144, "float8_e4m3fn") == 1024 + 2 * 144 * vt_cols
+    v1 = lambda d, rows=2048: _native.lib().xla_attn_flash_fwd_workspace_size(4096, 2, 8, d,
+                                                                               rows, 2048)
+    assert size(256, "float8_e4m3fn") > v1(256)
+    # rows below 2048 (sm90_tiles.h, kVtMinRows): the forward transposes, no V^T
+    shape["max_seqlen_q"] = 1024
+    assert size(256, "float8_e4m3fn") == v1(256, 1024)
+    shape["max_seqlen_q"] = 2048
+    for d, dt, paged in ((256, "bfloat16", False), (256, "float8_e4m3fn", True),
+                         (128, "float8_e4m3fn", False)):
+        assert size(d, dt, paged) == v1(d), (d, dt, paged)

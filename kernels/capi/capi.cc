@@ -116,6 +116,28 @@ size_t xla_attn_flash_fwd_workspace_size(int64_t total_q, int32_t batch, int32_t
   return num_heads > 0 && head_dim > 0 ? xla_attn::workspace_size(p) : 0;
 }
 
+size_t xla_attn_flash_fwd_workspace_size_v2(int64_t total_q, int64_t total_k, int32_t batch,
+                                            int32_t num_heads, int32_t num_heads_k,
+                                            int32_t head_dim, int32_t max_seqlen_q,
+                                            int32_t max_seqlen_k, int32_t kv_dtype,
+                                            int32_t paged) {
+  xla_attn_flash_fwd_params p{};
+  p.total_q = total_q;
+  p.total_k = total_k;
+  p.batch = batch;
+  p.num_heads = num_heads;
+  p.num_heads_k = num_heads_k;
+  p.head_dim = head_dim;
+  p.max_seqlen_q = max_seqlen_q;
+  p.max_seqlen_k = max_seqlen_k;
+  p.kv_dtype = static_cast<xla_attn_dtype>(kv_dtype);
+  p.block_size = paged ? 1 : 0;  // paged: no V^T (workspace_size)
+  return num_heads > 0 && num_heads_k > 0 && head_dim > 0 && total_q >= 0 && total_k >= 0 &&
+                 batch >= 0
+             ? xla_attn::workspace_size(p)
+             : 0;
+}
+
 size_t xla_attn_paged_attention_workspace_size(int64_t total_q, int32_t max_num_seqs,
                                                int32_t num_heads, int32_t head_dim,
                                                int32_t max_blocks_per_seq, int32_t block_size,

@@ -45,6 +45,13 @@ XLA_ATTN_EXPORT size_t xla_attn_workspace_size(const char* op, const void* param
 XLA_ATTN_EXPORT size_t xla_attn_flash_fwd_workspace_size(int64_t total_q, int32_t batch,
                                                          int32_t num_heads, int32_t head_dim,
                                                          int32_t max_seqlen_q, int32_t max_seqlen_k);
+/* v2: also K's rows and heads, its xla_attn_dtype and whether it is a paged cache, which
+ * fp8's V^T needs (the sm90 forward's V given transposed); v1 sizes no V^T (that forward
+ * then transposes V itself). */
+XLA_ATTN_EXPORT size_t xla_attn_flash_fwd_workspace_size_v2(
+    int64_t total_q, int64_t total_k, int32_t batch, int32_t num_heads, int32_t num_heads_k,
+    int32_t head_dim, int32_t max_seqlen_q, int32_t max_seqlen_k, int32_t kv_dtype,
+    int32_t paged);
 /* dtype: the xla_attn_dtype of q (float32 takes no workspace). */
 XLA_ATTN_EXPORT size_t xla_attn_flash_bwd_workspace_size(int64_t total_q, int32_t batch,
                                                          int32_t num_heads, int32_t head_dim,

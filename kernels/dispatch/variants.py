@@ -279,6 +279,14 @@ def _flash_fwd_sm90_variants():
             head_dim_min=lo, head_dim_max=hi,
             features=(features if paged else features & ~FEATURES["paged"]) | FEATURES["fp8"],
             priority=20, threads=128 * (1 + wgs))
+    # fp8's V^T written once before the forward, where it takes V given transposed
+    # (sm90_tiles.h, vt_given; fwd_sm90.cuh, flash_fwd_vt_pack): + 1.
+    yield Variant(
+        op="flash_fwd_vt_pack", family="sm90", module="flash_fwd_sm90",
+        kernel="xla_attn_flash_fwd_sm90_vt_pack_f8e4m3", template="xla_attn::flash_fwd_vt_pack",
+        params="xla_attn::flash_sm90::Args", dtype0="f8e4m3", dtype1="f8e4m3", head_dim_min=16,
+        head_dim_max=256, features=(features & ~FEATURES["paged"]) | FEATURES["fp8"],
+        priority=20, threads=256)
 
 
 def _flash_bwd_sm90_variants():

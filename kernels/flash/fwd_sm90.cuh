@@ -567,8 +567,30 @@ struct FwdBlockTiles {
     }
     load<kPaged, kWalk>(a, g, first_key, kFullK, kKRing, sm.sK, &a.k_map, blk, lane_row, bar,
                         parity);
+    if constexpr (kFp8 && !kPaged) {
+      if (a.vt_given) {
+        load_vt(a, g, first_key, blk, sm, bar, parity);
+        return;
+      }
+    }
     load<kPaged, kWalk>(a, g, first_key, kFullV, kVRing, sm.sV, &a.v_map, blk, lane_row, bar,
                         parity);
+  }
+
+  // fp8 with V given transposed (sm90_tiles.h, vt_given): tile g's V^T straight into
+  // V^T stage g % kVtRing, landing on full_vt, once the consumers have released the
+  // stage's previous tile (empty_v), as transpose_stage waits for it. The tile's keys
+  // past the sequence are the zeros flash_fwd_vt_pack wrote; head dims past head_dim
+  // read as zeros (rows past the map's).
+  template <typename N0, typename Bar, typename Parity>
+  static __device__ __forceinline__ void load_vt(const Args& a, int g, N0&& first_key,
+                                                 const FwdBlock& blk, const Smem& sm, Bar&& bar,
+                                                 Parity&& parity) {
+    const int st = g % kVtRing;
+    if (g >= kVtRing) sm90::mbar_wait(bar(kEmptyV, st), parity(g - kVtRing, kVtRing));
+    sm90::mbar_arrive_expect_tx(bar(kFullVt, st), kVtBytes);
+    sm90::tma_load_3d(sm.sVt + st * kVtBytes, &a.vt_map, bar(kFullVt, st),
+                      int(vt_seq_start(blk.s.k_start, blk.b) + first_key()), 0, blk.hk);
   }
 };
 
@@ -941,10 +963,10 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         Tiles::template copy_kv<paged, /*kWalk=*/false>(
             a, keys, j, [&] { return n_lo + j * kBlockN; }, blk, sm, bar, parity);
       }
-    } else if (kFp8 && threadIdx.x >= 32) {
+    } else if (kFp8 && threadIdx.x >= 32 && !a.vt_given) {
       // fp8: warps 1 .. 3 transpose (warp 0's copying thread stays free to run ahead:
       // sharing the copies with a transposing thread held K's copy back a whole tile,
-      // and the fp8 forward ran no faster than bf16's)
+      // and the fp8 forward ran no faster than bf16's); with V given transposed, nothing
       for (int j = 0; j < tiles; ++j) {
         Tiles::transpose_stage(j, [&] { return n_hi - (n_lo + j * kBlockN); }, sm, bar, parity);
       }
@@ -976,6 +998,58 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         ConsumerSmem{sm.sQ, sm.sK, sm.sV, sm.sVt, sm.warp_valid}, q_full, /*g0=*/0,
         /*own_tiles=*/0, ConsumerThread{ct, lane, wg, row0, warp, g, t}, bar, parity, my_turn,
         their_turn);
+  }
+}
+
+// fp8's V^T for the forward's copy engine (sm90_tiles.h, vt_given), written without
+// shared memory: a block takes 128 keys of sequence blockIdx.z's head blockIdx.y (and
+// every 128 keys gridDim.x further: the grid's count comes from max_seqlen_k, a hint),
+// its keys past the sequence (seqused_k counted) zeros. Lane (c, t) = (lane / 4, lane %
+// 4) holds keys 16c + 2t + {0, 1, 8, 9}: the four bytes of V^T's word t in the keys'
+// 16-key group c (transpose_v_e4m3's order), so that 16 bytes of each key's row (16
+// head dims, one load each) become 16 such words by byte permutes, one for each dim; a
+// warp's store then writes 128 consecutive bytes of one V^T row. Warps take the 16-dim
+// chunks in turn. (A first form staged the rows in shared memory and gathered bytes: 59 us
+// for d256 S = 8192, 28 % of the DRAM's bandwidth, H100.)
+__device__ void flash_fwd_vt_pack(const flash_sm90::Args& a) {
+  using namespace flash_sm90;
+  constexpr int kKeys = 128;
+  const xla_attn_flash_fwd_params& p = a.p;
+  const int b = blockIdx.z, hk = blockIdx.y, hd = p.head_dim;
+  if (b >= real_batch(p.batch, p.batch_used)) return;
+  const Sequence s = sequence(b, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.total_q,
+                              p.total_k, false, 0);
+  const int padded = (s.num_k + kKeys - 1) / kKeys * kKeys;
+  const int64_t v_row = int64_t(p.num_heads_k) * hd;  // bytes between keys in v
+  const unsigned char* v =
+      static_cast<const unsigned char*>(p.v) + s.k_start * v_row + int64_t(hk) * hd;
+  unsigned char* vt = a.vt + int64_t(hk) * hd * a.vt_cols + vt_seq_start(s.k_start, b);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int c = lane / 4, t = lane % 4;
+  for (int key0 = int(blockIdx.x) * kKeys; key0 < padded; key0 += int(gridDim.x) * kKeys) {
+    const int first = key0 + 16 * c + 2 * t;
+    const int key[4] = {first, first + 1, first + 8, first + 9};
+    for (int y = warp; y < hd / 16; y += warps) {  // head dims 16y .. 16y + 15
+      uint4 x[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        x[e] = key[e] < s.num_k ? __ldg(reinterpret_cast<const uint4*>(v + key[e] * v_row) + y)
+                                : make_uint4(0u, 0u, 0u, 0u);
+      }
+      unsigned char* dst = vt + int64_t(16 * y) * a.vt_cols + key0 + 16 * c + 4 * t;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {  // head dims 16y + 4w .. + 3
+        const uint32_t k0 = (&x[0].x)[w], k1 = (&x[1].x)[w], k2 = (&x[2].x)[w], k3 = (&x[3].x)[w];
+        const uint32_t lo01 = __byte_perm(k0, k1, 0x5140u), hi01 = __byte_perm(k0, k1, 0x7362u);
+        const uint32_t lo23 = __byte_perm(k2, k3, 0x5140u), hi23 = __byte_perm(k2, k3, 0x7362u);
+        const uint32_t dims[4] = {__byte_perm(lo01, lo23, 0x5410u), __byte_perm(lo01, lo23, 0x7632u),
+                                  __byte_perm(hi01, hi23, 0x5410u), __byte_perm(hi01, hi23, 0x7632u)};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          *reinterpret_cast<uint32_t*>(dst + int64_t(4 * w + i) * a.vt_cols) = dims[i];
+        }
+      }
+    }
   }
 }
 

@@ -252,7 +252,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         if (work) blk = records[qi % kRecords];
         sm90::mbar_arrive(q_empty(qb));
         if (item < 0) break;
-        if (work) g += transpose_item(blk, g);
+        if (work && !a.vt_given) g += transpose_item(blk, g);  // V given: nothing to do
       }
     }
   } else {

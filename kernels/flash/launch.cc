@@ -112,6 +112,55 @@ std::string encode_rows(sm90::TensorMap* map, const void* base, int64_t rows, in
   return dispatch::encode_tiled(map, base, eb, 3, dims, strides, box, 128, 128);
 }
 
+// Whether the fp8 forward's V would come given transposed (sm90_tiles.h,
+// vt_given_covers), read the same way when the workspace is sized and at the launch.
+// XLA_ATTN_SM90_VT: "0" never (tests, A/B: the transposes), "1" wherever the head dim
+// allows (tests: short rows), else by the rows.
+bool wants_vt(const xla_attn_flash_fwd_params& p) {
+  const char* env = std::getenv("XLA_ATTN_SM90_VT");
+  const int mode = env && (*env == '0' || *env == '1') && !env[1] ? *env - '0' : -1;
+  return mode != 0 && flash_sm90::vt_given_covers(
+                          p.head_dim, mode == 1 ? flash_sm90::kVtMinRows : p.max_seqlen_q);
+}
+
+// fp8 V given transposed to the sm90 forward (sm90_tiles.h, vt_given) where it pays
+// (wants_vt; `d`: the bucket), tiles start on a sequence's key 0, 128, ... (no left
+// window) and the workspace holds V^T (frontends that size it with the dtypes:
+// xla_attn_flash_fwd_workspace_size_v2): flash_fwd_vt_pack writes it, then args->vt_map
+// views it. Elsewhere args->vt_given stays 0 (the producer transposes). "" or the
+// launch's error.
+std::string give_vt(const xla_attn_flash_fwd_params& p, int d, int arch, cudaStream_t stream,
+                    flash_sm90::Args* args) {
+  args->vt_given = 0;
+  const int64_t cols = flash_sm90::vt_cols(p.total_k, p.batch);
+  if (!wants_vt(p) || p.window_left >= 0 || !p.workspace ||
+      p.workspace_bytes < flash_sm90::vt_workspace_bytes(p.total_k, p.batch, p.num_heads_k,
+                                                         p.head_dim) ||
+      cols >= (int64_t(1) << 31) - flash_sm90::block_n(d, 1)) {
+    return "";
+  }
+  args->vt = static_cast<unsigned char*>(p.workspace) + flash_sm90::kVtOffset;
+  args->vt_cols = cols;
+  const uint64_t dims[3] = {uint64_t(cols), uint64_t(p.head_dim), uint64_t(p.num_heads_k)};
+  const uint64_t strides[2] = {uint64_t(cols), uint64_t(cols) * p.head_dim};
+  const uint32_t box[3] = {uint32_t(flash_sm90::block_n(d, 1)), uint32_t(d), 1};
+  std::string unused;
+  const dispatch::VariantEntry* pack = dispatch::select(
+      {"flash_fwd_vt_pack", p.q_dtype, p.kv_dtype, p.head_dim, 0, arch}, &unused);
+  if (!pack || !aligned16(args->vt) ||
+      !dispatch::encode_tiled(&args->vt_map, args->vt, 1, 3, dims, strides, box, 128, 128)
+           .empty()) {
+    return "";
+  }
+  // 128 keys a block (flash_fwd_vt_pack), each block looping over the rest of its
+  // sequence's keys past the hint
+  const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + 127) / 128), p.num_heads_k,
+                  p.batch);
+  const std::string error = dispatch::launch(*pack, grid, 0, stream, args);
+  args->vt_given = error.empty();
+  return error;
+}
+
 // The sm90 family (flash/fwd_sm90.cuh) where it takes the call: sm_90, 16-bit q/k/v
 // (or fp8 e4m3 with head_dim 16..256, in its d64, d128 and d256 buckets), paged with
 // block sizes that give whole 8-row boxes (flash_sm90::Args), no split wanted (asked for,
@@ -228,6 +277,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
       return true;
     }
   }
+  if (fp8 && !paged && !(*error = give_vt(params, d, query.arch, stream, &args)).empty()) return true;
   const dim3 grid = walk ? dim3(unsigned(blocks))
                         : dim3(unsigned(pl.row_blocks), params.num_heads, params.batch + 1);
   *error = dispatch::launch(*v, grid, tiles.smem, stream, &args);
@@ -275,11 +325,20 @@ bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features,
 // Sized at trace time from shapes alone (xla_attn_flash_fwd_workspace_size is given no
 // dtypes), possibly on a host without a GPU, before any variant is selected: the most
 // that either family's plan would use.
+// fp8 (kv_dtype known: xla_attn_workspace_size, xla_attn_flash_fwd_workspace_size_v2)
+// also V^T for the sm90 forward where it takes V given transposed (give_vt).
 size_t workspace_size(const xla_attn_flash_fwd_params& p) {
+  const bool paged = p.block_table != nullptr || p.block_size > 0;
+  const size_t vt = p.kv_dtype == XLA_ATTN_F8E4M3 && !paged &&
+                            wants_vt(p) && p.total_k >= 0
+                        ? size_t(flash_sm90::vt_workspace_bytes(p.total_k, p.batch,
+                                                                p.num_heads_k, p.head_dim))
+                        : 0;
   return std::max({plan(p, portable_tiles(p.head_dim)).workspace,
                    plan(p, sm80_tiles(p.head_dim)).workspace,
                    plan(p, sm80_tiles(p.head_dim, 1)).workspace,
-                   flash_sm90::kItemCounterBytes});  // the sm90 walk's (Args)
+                   flash_sm90::kItemCounterBytes,  // the sm90 walk's (Args)
+                   vt});
 }
 
 std::string launch_cuda(const xla_attn_flash_fwd_params& params, cudaStream_t stream) {

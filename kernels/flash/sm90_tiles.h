@@ -295,17 +295,60 @@ constexpr int kTargetBlocks = 132;
 // does, in boxes of 64 rows: a consumer warpgroup's rows of O, staged in its rows of the
 // Q buffer, go out by bulk tensor stores (fwd_sm90.cuh, write_o_rows).
 constexpr int kOStoreRows = 64;  // a consumer warpgroup's rows
+// vt_map (fp8, where vt_given): V^T as flash_fwd_vt_pack wrote it into the workspace
+// (below), read in boxes of 128 keys x D rows x 1 head, 128-byte swizzled: the layout
+// transpose_v_e4m3 writes, so that the copy engine lands each V^T tile itself.
 struct Args {
   xla_attn_flash_fwd_params p;
-  sm90::TensorMap q_map, k_map, v_map, o_map;
+  sm90::TensorMap q_map, k_map, v_map, o_map, vt_map;
   int o_by_copy;
   int kv_box_rows;
   int row_blocks;
   int items;
   int* item_counter;
   int tail_waves;  // items an SM the walk's longest-first tail covers (launch.cc)
+  int vt_given;    // fp8: V^T tiles copied from vt (flash_fwd_vt_pack), no transposes
+  unsigned char* vt;  // [num_heads_k][head_dim][vt_cols] e4m3 (vt_given)
+  int64_t vt_cols;
 };
 constexpr size_t kItemCounterBytes = sizeof(int);
+
+// fp8's V given transposed. Transposing each V tile in shared memory (transpose_v_e4m3)
+// moves 64 KB of a d256 block tile's ~288 KB through shared memory (shared memory's pipe
+// read 48 % busy, the products 48 % of e4m3's rate: ncu, H100, d256 S = 8192) and takes
+// three warps' issue slots; with V^T left unwritten (a timing experiment) the fp8 d256
+// forward ran +31..+33 % (H100, S = 2048 / 8192 full and causal), d128 +5..+6 %, d64 +4 %.
+// So a pass before the forward (flash_fwd_vt_pack, fwd_sm90.cuh) writes V^T once into
+// the workspace (28 us for 32 MB of V, d256 S = 8192: 3 % of that forward's 858 us), and
+// the producer copies its tiles as it copies K: fp8 d256 full S = 2048 / 4096 / 8192 /
+// 16384 +14 / +26 / +32 / +34 %, causal +2 / +16 / +19 % (H100, pass included).
+// Sequence b's keys start at column vt_seq_start(k_start, b), 16-byte aligned, with
+// zeros up to the next 128 keys (the tiles' keys past the sequence: transpose_v_e4m3's
+// zeroed keys, so that rows past it holding NaN stay out of P V) and never reaching
+// sequence b + 1's: each sequence gets kVtSeqPad columns more than its keys.
+// Columns follow transpose_v_e4m3's key order inside each 16 (V^T column 16c + 4t + j
+// holds key 16c + 2t + (j & 1) + 8 (j >> 1)), so tiles must start on a sequence's key 0,
+// 128, ...: calls with a left window (tiles from any key) keep the transposes.
+constexpr int kVtSeqPad = 144;  // 127 zero keys at most + 15 of alignment, rounded up to 16
+constexpr size_t kVtOffset = 1024;  // past the walk's item counter, 1 KB aligned
+XLA_ATTN_HOST_DEVICE constexpr int64_t vt_seq_start(int64_t k_start, int b) {
+  return (k_start + int64_t(kVtSeqPad) * b + 15) & ~int64_t(15);
+}
+XLA_ATTN_HOST_DEVICE constexpr int64_t vt_cols(int64_t total_k, int batch) {
+  return (total_k + int64_t(kVtSeqPad) * batch + 16 + 15) & ~int64_t(15);
+}
+// Where V comes given transposed: d256 (measured above; d64 / d128's few percent would
+// not pay for the pass), sequences of kVtMinRows queries or more (the pass costs alike
+// per key; the forward's per-key work, and its gain, grow with the rows: at S = 512 the
+// pass cost 14 %, the same run).
+constexpr int kVtMinRows = 2048;
+XLA_ATTN_HOST_DEVICE constexpr bool vt_given_covers(int head_dim, int max_seqlen_q) {
+  return fp8_covers(head_dim) && fp8_bucket(head_dim) == 256 && max_seqlen_q >= kVtMinRows;
+}
+XLA_ATTN_HOST_DEVICE constexpr int64_t vt_workspace_bytes(int64_t total_k, int batch,
+                                                          int heads_k, int head_dim) {
+  return int64_t(kVtOffset) + int64_t(heads_k) * head_dim * vt_cols(total_k, batch);
+}
 
 // Backward (flash/bwd_sm90.cuh): the dk/dv kernel of the atomic-dQ path at the d64 and
 // d128 buckets (33-128). One block = a producer warpgroup and two consumer warpgroups of

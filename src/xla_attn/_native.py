@@ -45,6 +45,8 @@ def lib() -> ctypes.CDLL:
     i32, i64 = ctypes.c_int32, ctypes.c_int64
     handle.xla_attn_flash_fwd_workspace_size.argtypes = [i64, i32, i32, i32, i32, i32]
     handle.xla_attn_flash_fwd_workspace_size.restype = ctypes.c_size_t
+    handle.xla_attn_flash_fwd_workspace_size_v2.argtypes = [i64, i64] + [i32] * 8
+    handle.xla_attn_flash_fwd_workspace_size_v2.restype = ctypes.c_size_t
     handle.xla_attn_flash_bwd_workspace_size.argtypes = [i64, i32, i32, i32, i32]
     handle.xla_attn_flash_bwd_workspace_size.restype = ctypes.c_size_t
     handle.xla_attn_paged_attention_workspace_size.argtypes = [i64, i32, i32, i32, i32, i32, i32]
@@ -72,12 +74,14 @@ def select_variant(op: str, dtype0: str, dtype1: str, head_dim: int, arch: int,
     return out.value.decode()
 
 
-def flash_fwd_workspace_size(total_q: int, batch: int, num_heads: int, head_dim: int,
-                             max_seqlen_q: int, max_seqlen_k: int) -> int:
-    """Bytes of the `workspace` result of xla_attn_flash_fwd_v1 (split-KV partials)."""
-    return lib().xla_attn_flash_fwd_workspace_size(total_q, batch, num_heads, head_dim,
-                                                   min(max_seqlen_q, 2**31 - 1),
-                                                   min(max_seqlen_k, 2**31 - 1))
+def flash_fwd_workspace_size(total_q: int, total_k: int, batch: int, num_heads: int,
+                             num_heads_k: int, head_dim: int, max_seqlen_q: int,
+                             max_seqlen_k: int, kv_dtype: str, paged: bool) -> int:
+    """Bytes of the `workspace` result of xla_attn_flash_fwd_v1 (split-KV partials, the
+    Hopper walk's item counter, fp8's V^T: total_k is K's rows, a paged cache's too)."""
+    return lib().xla_attn_flash_fwd_workspace_size_v2(
+        total_q, total_k, batch, num_heads, num_heads_k, head_dim, min(max_seqlen_q, 2**31 - 1),
+        min(max_seqlen_k, 2**31 - 1), DTYPE_CODES[kv_dtype], int(paged))
 
 
 def flash_bwd_workspace_size(total_q: int, batch: int, num_heads: int, head_dim: int,
