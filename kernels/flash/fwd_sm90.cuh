@@ -399,7 +399,10 @@ enum { kFullK, kFullV, kEmptyK, kEmptyV, kFullVt, kEmptyRaw };
 // step in another order, each keeps its own (below). Tile g sits in stage g % ring: the
 // walk counts its tiles over the block's whole walk, one item a block from its item's
 // first (g = j); bar(kind, st) and parity(g, ring) are the kernel's barriers.
-template <typename T, int D, int kWgs>
+// kVtGiven (fp8, flash_fwd_sm90's instance for V given transposed: sm90_tiles.h,
+// vt_given): no raw V ring, K and V^T ring through kVtGivenStages each, and the
+// producer copies V^T tiles (load_vt) where it would copy V.
+template <typename T, int D, int kWgs, bool kVtGiven = false>
 struct FwdBlockTiles {
   // Enumerators: NVRTC emits static constexpr data members as global variables.
   enum : int {
@@ -409,9 +412,9 @@ struct FwdBlockTiles {
     kEB = int(sizeof(T)),  // element bytes: 2, or 1 for e4m3
     kColBlocks = col_blocks(D, kEB),  // 128-byte column blocks of a row
     // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
-    kKRing = k_stages(D, kEB),
-    kVRing = v_stages(D, kEB),
-    kVtRing = vt_stages(D, kEB),
+    kKRing = kVtGiven ? kVtGivenStages : k_stages(D, kEB),
+    kVRing = kVtGiven ? 0 : v_stages(D, kEB),
+    kVtRing = kVtGiven ? kVtGivenStages : vt_stages(D, kEB),
     kPvRing = kEB == 1 ? kVtRing : kVRing,
     // setmaxnreg's counts (sm90_tiles.h): the producer warpgroup's, then each consumer's
     kRegsProducer = producer_regs(kWgs, kEB, D),
@@ -567,17 +570,15 @@ struct FwdBlockTiles {
     }
     load<kPaged, kWalk>(a, g, first_key, kFullK, kKRing, sm.sK, &a.k_map, blk, lane_row, bar,
                         parity);
-    if constexpr (kFp8 && !kPaged) {
-      if (a.vt_given) {
-        load_vt(a, g, first_key, blk, sm, bar, parity);
-        return;
-      }
+    if constexpr (kVtGiven) {
+      load_vt(a, g, first_key, blk, sm, bar, parity);
+    } else {
+      load<kPaged, kWalk>(a, g, first_key, kFullV, kVRing, sm.sV, &a.v_map, blk, lane_row, bar,
+                          parity);
     }
-    load<kPaged, kWalk>(a, g, first_key, kFullV, kVRing, sm.sV, &a.v_map, blk, lane_row, bar,
-                        parity);
   }
 
-  // fp8 with V given transposed (sm90_tiles.h, vt_given): tile g's V^T straight into
+  // kVtGiven (sm90_tiles.h, vt_given): tile g's V^T straight into
   // V^T stage g % kVtRing, landing on full_vt, once the consumers have released the
   // stage's previous tile (empty_v), as transpose_stage waits for it. The tile's keys
   // past the sequence are the zeros flash_fwd_vt_pack wrote; head dims past head_dim
@@ -622,8 +623,8 @@ struct ConsumerSmem {
 // here; the walk waits for each item's Q before and makes that hand-over once, before the
 // walk. own_tiles (the walk, where warpgroups pass tiles): the warpgroup's tiles from the
 // item's record.
-template <typename T, int D, int kWgs, bool kPaged, bool kWalk, typename Bar, typename Parity,
-          typename MyTurn, typename TheirTurn>
+template <typename T, int D, int kWgs, bool kPaged, bool kWalk, bool kVtGiven, typename Bar,
+          typename Parity, typename MyTurn, typename TheirTurn>
 __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk, int n_lo,
                                              int n_hi, int tiles, const KeyRows& keys,
                                              const ConsumerSmem& sm, uint32_t q_full, int g0,
@@ -631,7 +632,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
                                              Parity&& parity, MyTurn&& my_turn,
                                              TheirTurn&& their_turn) {
   // the kernels' tile shapes and rings (FwdBlockTiles, above)
-  using Tiles = FwdBlockTiles<T, D, kWgs>;
+  using Tiles = FwdBlockTiles<T, D, kWgs, kVtGiven>;
   constexpr int kBlockN = Tiles::kBlockN, kBlockM = Tiles::kBlockM;
   constexpr int kConsumers = Tiles::kConsumers, kEB = Tiles::kEB;
   constexpr bool kFp8 = Tiles::kFp8;
@@ -909,15 +910,19 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
 // kPaged: the instance for paged K/V (two consumers; 16-bit or fp8), so that the others carry
 // none of its code: with a run-time flag ptxas spilled at d128 and the dense forward ran
 // 6-9 % slower (H100, d128, S = 4096 / 16384).
-template <typename T, int D, int kWgs, bool kPaged = false>
+// kVtGiven: the fp8 instance that reads V given transposed (FwdBlockTiles), so that the
+// one that transposes keeps its code: with a run-time flag the fp8 d256 forward ran 2-5 %
+// slower where it transposed (H100, S = 512 .. 16384).
+template <typename T, int D, int kWgs, bool kPaged = false, bool kVtGiven = false>
 __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
   using namespace flash_sm90;
-  using Tiles = FwdBlockTiles<T, D, kWgs>;  // shapes, rings, layout and producer (above)
+  using Tiles = FwdBlockTiles<T, D, kWgs, kVtGiven>;  // shapes, rings, layout, producer (above)
   constexpr int kBlockN = Tiles::kBlockN, kEB = Tiles::kEB;
   constexpr bool kFp8 = Tiles::kFp8;
   static_assert(!kFp8 || ((D == 64 || D == 128 || D == 256) &&
                           kWgs == (kPaged ? 2 : fp8_wgs(D))),
                 "fp8: the d64, d128 and d256 buckets, fp8_wgs consumers (paged: two)");
+  static_assert(!kVtGiven || (kFp8 && !kPaged), "V given transposed: fp8, not paged");
   const xla_attn_flash_fwd_params& p = a.p;
   extern __shared__ __align__(128) unsigned char smem[];
 
@@ -963,10 +968,10 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         Tiles::template copy_kv<paged, /*kWalk=*/false>(
             a, keys, j, [&] { return n_lo + j * kBlockN; }, blk, sm, bar, parity);
       }
-    } else if (kFp8 && threadIdx.x >= 32 && !a.vt_given) {
+    } else if (kFp8 && !kVtGiven && threadIdx.x >= 32) {
       // fp8: warps 1 .. 3 transpose (warp 0's copying thread stays free to run ahead:
       // sharing the copies with a transposing thread held K's copy back a whole tile,
-      // and the fp8 forward ran no faster than bf16's); with V given transposed, nothing
+      // and the fp8 forward ran no faster than bf16's)
       for (int j = 0; j < tiles; ++j) {
         Tiles::transpose_stage(j, [&] { return n_hi - (n_lo + j * kBlockN); }, sm, bar, parity);
       }
@@ -993,7 +998,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         if (!(last && wg == 1)) sm90::named_arrive(kTurnBarrier + 1 - wg, 256);
       }
     };
-    consume_item<T, D, kWgs, paged, /*kWalk=*/false>(
+    consume_item<T, D, kWgs, paged, /*kWalk=*/false, kVtGiven>(
         a, blk, n_lo, n_hi, tiles, keys,
         ConsumerSmem{sm.sQ, sm.sK, sm.sV, sm.sVt, sm.warp_valid}, q_full, /*g0=*/0,
         /*own_tiles=*/0, ConsumerThread{ct, lane, wg, row0, warp, g, t}, bar, parity, my_turn,

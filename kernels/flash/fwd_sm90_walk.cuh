@@ -252,7 +252,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         if (work) blk = records[qi % kRecords];
         sm90::mbar_arrive(q_empty(qb));
         if (item < 0) break;
-        if (work && !a.vt_given) g += transpose_item(blk, g);  // V given: nothing to do
+        if (work) g += transpose_item(blk, g);
       }
     }
   } else {
@@ -288,7 +288,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       warp_id = sm90::warp_uniform(warp_id);
       const int tid = warp_id * 32 + ln;
       const int row0 = warp_id / 4 * 64;  // the warpgroup's first row in the block
-      consume_item<T, D, kWgs, paged, /*kWalk=*/true>(
+      consume_item<T, D, kWgs, paged, /*kWalk=*/true, /*kVtGiven=*/false>(
           a, blk, kt.n_lo, kt.n_hi, kt.tiles, keys,
           ConsumerSmem{sm.sQ + qb * Tiles::kQBytes, sm.sK, sm.sV, sm.sVt, sm.warp_valid},
           /*q_full=*/0u, g0,

@@ -123,42 +123,37 @@ bool wants_vt(const xla_attn_flash_fwd_params& p) {
                           p.head_dim, mode == 1 ? flash_sm90::kVtMinRows : p.max_seqlen_q);
 }
 
-// fp8 V given transposed to the sm90 forward (sm90_tiles.h, vt_given) where it pays
-// (wants_vt; `d`: the bucket), tiles start on a sequence's key 0, 128, ... (no left
-// window) and the workspace holds V^T (frontends that size it with the dtypes:
-// xla_attn_flash_fwd_workspace_size_v2): flash_fwd_vt_pack writes it, then args->vt_map
-// views it. Elsewhere args->vt_given stays 0 (the producer transposes). "" or the
-// launch's error.
-std::string give_vt(const xla_attn_flash_fwd_params& p, int d, int arch, cudaStream_t stream,
-                    flash_sm90::Args* args) {
-  args->vt_given = 0;
+// Whether the fp8 forward takes V given transposed (sm90_tiles.h, vt_given; its kVtGiven
+// instance, op flash_fwd_tma_vt): where it pays (wants_vt; `d`: the bucket), tiles start on
+// a sequence's key 0, 128, ... (no left window) and the workspace holds V^T (frontends
+// that size it with the dtypes: xla_attn_flash_fwd_workspace_size_v2). Where it does,
+// args->vt, vt_cols and vt_map view V^T in the workspace, for flash_fwd_vt_pack to write.
+bool vt_given(const xla_attn_flash_fwd_params& p, int d, flash_sm90::Args* args) {
   const int64_t cols = flash_sm90::vt_cols(p.total_k, p.batch);
   if (!wants_vt(p) || p.window_left >= 0 || !p.workspace ||
       p.workspace_bytes < flash_sm90::vt_workspace_bytes(p.total_k, p.batch, p.num_heads_k,
                                                          p.head_dim) ||
       cols >= (int64_t(1) << 31) - flash_sm90::block_n(d, 1)) {
-    return "";
+    return false;
   }
   args->vt = static_cast<unsigned char*>(p.workspace) + flash_sm90::kVtOffset;
   args->vt_cols = cols;
   const uint64_t dims[3] = {uint64_t(cols), uint64_t(p.head_dim), uint64_t(p.num_heads_k)};
   const uint64_t strides[2] = {uint64_t(cols), uint64_t(cols) * p.head_dim};
   const uint32_t box[3] = {uint32_t(flash_sm90::block_n(d, 1)), uint32_t(d), 1};
-  std::string unused;
-  const dispatch::VariantEntry* pack = dispatch::select(
-      {"flash_fwd_vt_pack", p.q_dtype, p.kv_dtype, p.head_dim, 0, arch}, &unused);
-  if (!pack || !aligned16(args->vt) ||
-      !dispatch::encode_tiled(&args->vt_map, args->vt, 1, 3, dims, strides, box, 128, 128)
-           .empty()) {
-    return "";
-  }
-  // 128 keys a block (flash_fwd_vt_pack), each block looping over the rest of its
-  // sequence's keys past the hint
-  const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + 127) / 128), p.num_heads_k,
-                  p.batch);
-  const std::string error = dispatch::launch(*pack, grid, 0, stream, args);
-  args->vt_given = error.empty();
-  return error;
+  return aligned16(args->vt) &&
+         dispatch::encode_tiled(&args->vt_map, args->vt, 1, 3, dims, strides, box, 128, 128)
+             .empty();
+}
+
+// flash_fwd_vt_pack: 128 keys a block, each block looping over the rest of its sequence's
+// keys past the hint. "" or the launch's error.
+std::string launch_vt_pack(const xla_attn_flash_fwd_params& p, const dispatch::Query& query,
+                           cudaStream_t stream, const flash_sm90::Args& args) {
+  dispatch::Query q = query;
+  q.op = "flash_fwd_vt_pack";
+  const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + 127) / 128), p.num_heads_k, p.batch);
+  return dispatch::launch(q, grid, 0, stream, &args);
 }
 
 // The sm90 family (flash/fwd_sm90.cuh) where it takes the call: sm_90, 16-bit q/k/v
@@ -208,7 +203,13 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   dispatch::Query q = query;
   std::string unused, op;
   const dispatch::VariantEntry* v = nullptr;
-  if (!fp8 && !paged && d == 64 &&
+  flash_sm90::Args args;
+  const bool vt = fp8 && !paged && !walk && vt_given(params, d, &args);
+  if (vt) {
+    q.op = "flash_fwd_tma_vt";
+    v = dispatch::select(q, &unused);
+  }
+  if (!v && !fp8 && !paged && d == 64 &&
       flash_sm90::wide_d64(params.window_right, params.max_seqlen_q)) {
     q.op = (op = std::string("flash_fwd_tma_m192") + walk_suffix).c_str();
     v = dispatch::select(q, &unused);
@@ -221,10 +222,10 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   // The kernel's consumer warpgroups, as the variant table built it: a producer
   // warpgroup and wgs consumers (variants.py, threads = 128 (1 + wgs)).
   const int wgs = v->threads / 128 - 1;
-  const FwdTiles tiles = sm90_tiles(d, wgs, eb, walk);
+  FwdTiles tiles = sm90_tiles(d, wgs, eb, walk);
+  if (vt) tiles.smem = size_t(flash_sm90::vt_given_smem_bytes(d, wgs));
   const FwdPlan pl = plan(params, tiles);
   if (pl.splits > 1) return false;
-  flash_sm90::Args args;
   args.p = params;
   args.p.num_splits = 1;
   args.kv_box_rows = box;
@@ -277,7 +278,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
       return true;
     }
   }
-  if (fp8 && !paged && !(*error = give_vt(params, d, query.arch, stream, &args)).empty()) return true;
+  if (vt && !(*error = launch_vt_pack(params, query, stream, args)).empty()) return true;
   const dim3 grid = walk ? dim3(unsigned(blocks))
                         : dim3(unsigned(pl.row_blocks), params.num_heads, params.batch + 1);
   *error = dispatch::launch(*v, grid, tiles.smem, stream, &args);

@@ -295,9 +295,10 @@ constexpr int kTargetBlocks = 132;
 // does, in boxes of 64 rows: a consumer warpgroup's rows of O, staged in its rows of the
 // Q buffer, go out by bulk tensor stores (fwd_sm90.cuh, write_o_rows).
 constexpr int kOStoreRows = 64;  // a consumer warpgroup's rows
-// vt_map (fp8, where vt_given): V^T as flash_fwd_vt_pack wrote it into the workspace
-// (below), read in boxes of 128 keys x D rows x 1 head, 128-byte swizzled: the layout
-// transpose_v_e4m3 writes, so that the copy engine lands each V^T tile itself.
+// vt_map (fp8, the instance for V given transposed: vt_given below): V^T as
+// flash_fwd_vt_pack wrote it into the workspace at vt, read in boxes of 128 keys x D rows
+// x 1 head, 128-byte swizzled: the layout transpose_v_e4m3 writes, so that the copy
+// engine lands each V^T tile itself.
 struct Args {
   xla_attn_flash_fwd_params p;
   sm90::TensorMap q_map, k_map, v_map, o_map, vt_map;
@@ -307,7 +308,6 @@ struct Args {
   int items;
   int* item_counter;
   int tail_waves;  // items an SM the walk's longest-first tail covers (launch.cc)
-  int vt_given;    // fp8: V^T tiles copied from vt (flash_fwd_vt_pack), no transposes
   unsigned char* vt;  // [num_heads_k][head_dim][vt_cols] e4m3 (vt_given)
   int64_t vt_cols;
 };
@@ -345,6 +345,16 @@ constexpr int kVtMinRows = 2048;
 XLA_ATTN_HOST_DEVICE constexpr bool vt_given_covers(int head_dim, int max_seqlen_q) {
   return fp8_covers(head_dim) && fp8_bucket(head_dim) == 256 && max_seqlen_q >= kVtMinRows;
 }
+// The instance for V given transposed (flash_fwd_sm90's kVtGiven) has no raw V ring: K
+// and V^T ring through kVtGivenStages each (d256: 32 KB Q + 3 x (32 + 32) KB = 224 KB).
+constexpr int kVtGivenStages = 3;
+XLA_ATTN_HOST_DEVICE constexpr int vt_given_smem_bytes(int d, int wgs) {
+  return kAlign + q_bytes(d, wgs, 1) + kVtGivenStages * (kv_bytes(d, 1) + vt_bytes(d, 1)) +
+         barrier_bytes(1) + valid_bytes(d, 1);
+}
+static_assert(vt_given_smem_bytes(256, fp8_wgs(256)) <= kSmemLimit &&
+                  kVtGivenStages <= kMaxStages,
+              "fp8 d256 with V given: its rings exceed sm_90's 227 KB a block");
 XLA_ATTN_HOST_DEVICE constexpr int64_t vt_workspace_bytes(int64_t total_k, int batch,
                                                           int heads_k, int head_dim) {
   return int64_t(kVtOffset) + int64_t(heads_k) * head_dim * vt_cols(total_k, batch);
