@@ -204,10 +204,10 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   std::string unused, op;
   const dispatch::VariantEntry* v = nullptr;
   flash_sm90::Args args;
-  const bool vt = fp8 && !paged && !walk && vt_given(params, d, &args);
+  bool vt = fp8 && !paged && !walk && vt_given(params, d, &args);
   if (vt) {
     q.op = "flash_fwd_tma_vt";
-    v = dispatch::select(q, &unused);
+    vt = (v = dispatch::select(q, &unused)) != nullptr;
   }
   if (!v && !fp8 && !paged && d == 64 &&
       flash_sm90::wide_d64(params.window_right, params.max_seqlen_q)) {
@@ -323,11 +323,10 @@ bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features,
 
 }  // namespace
 
-// Sized at trace time from shapes alone (xla_attn_flash_fwd_workspace_size is given no
-// dtypes), possibly on a host without a GPU, before any variant is selected: the most
-// that either family's plan would use.
-// fp8 (kv_dtype known: xla_attn_workspace_size, xla_attn_flash_fwd_workspace_size_v2)
-// also V^T for the sm90 forward where it takes V given transposed (give_vt).
+// Sized at trace time from shapes alone, possibly on a host without a GPU, before any
+// variant is selected: the most that either family's plan would use, and for fp8 K (its
+// dtype known: xla_attn_workspace_size, xla_attn_flash_fwd_workspace_size_v2; v1 gives
+// none) V^T where the sm90 forward would take V given transposed (vt_given).
 size_t workspace_size(const xla_attn_flash_fwd_params& p) {
   const bool paged = p.block_table != nullptr || p.block_size > 0;
   const size_t vt = p.kv_dtype == XLA_ATTN_F8E4M3 && !paged &&

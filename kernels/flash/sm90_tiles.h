@@ -320,8 +320,9 @@ constexpr size_t kItemCounterBytes = sizeof(int);
 // forward ran +31..+33 % (H100, S = 2048 / 8192 full and causal), d128 +5..+6 %, d64 +4 %.
 // So a pass before the forward (flash_fwd_vt_pack, fwd_sm90.cuh) writes V^T once into
 // the workspace (28 us for 32 MB of V, d256 S = 8192: 3 % of that forward's 858 us), and
-// the producer copies its tiles as it copies K: fp8 d256 full S = 2048 / 4096 / 8192 /
-// 16384 +14 / +26 / +32 / +34 %, causal +2 / +16 / +19 % (H100, pass included).
+// the producer copies its tiles as it copies K (flash_fwd_sm90's kVtGiven instance): fp8
+// d256 full S = 2048 / 8192 / 16384 +16 / +25 / +33 %, causal 2048 / 8192 +3 / +26 %
+// (H100, pass included; docs/benchmarks.md, 2026-11-27 (32)).
 // Sequence b's keys start at column vt_seq_start(k_start, b), 16-byte aligned, with
 // zeros up to the next 128 keys (the tiles' keys past the sequence: transpose_v_e4m3's
 // zeroed keys, so that rows past it holding NaN stay out of P V) and never reaching
