@@ -103,19 +103,6 @@ size_t xla_attn_flash_bwd_workspace_size(int64_t total_q, int32_t batch, int32_t
   return total_q >= 0 && batch >= 0 ? xla_attn::workspace_size(p) : 0;
 }
 
-size_t xla_attn_flash_fwd_workspace_size(int64_t total_q, int32_t batch, int32_t num_heads,
-                                         int32_t head_dim, int32_t max_seqlen_q,
-                                         int32_t max_seqlen_k) {
-  xla_attn_flash_fwd_params p{};
-  p.total_q = total_q;
-  p.batch = batch;
-  p.num_heads = num_heads;
-  p.head_dim = head_dim;
-  p.max_seqlen_q = max_seqlen_q;
-  p.max_seqlen_k = max_seqlen_k;
-  return num_heads > 0 && head_dim > 0 ? xla_attn::workspace_size(p) : 0;
-}
-
 size_t xla_attn_flash_fwd_workspace_size_v2(int64_t total_q, int64_t total_k, int32_t batch,
                                             int32_t num_heads, int32_t num_heads_k,
                                             int32_t head_dim, int32_t max_seqlen_q,
@@ -136,6 +123,14 @@ size_t xla_attn_flash_fwd_workspace_size_v2(int64_t total_q, int64_t total_k, in
                  batch >= 0
              ? xla_attn::workspace_size(p)
              : 0;
+}
+
+// v1: blind to K (no fp8 V^T: the forward then transposes V itself).
+size_t xla_attn_flash_fwd_workspace_size(int64_t total_q, int32_t batch, int32_t num_heads,
+                                         int32_t head_dim, int32_t max_seqlen_q,
+                                         int32_t max_seqlen_k) {
+  return xla_attn_flash_fwd_workspace_size_v2(total_q, 0, batch, num_heads, num_heads, head_dim,
+                                              max_seqlen_q, max_seqlen_k, XLA_ATTN_F32, 0);
 }
 
 size_t xla_attn_paged_attention_workspace_size(int64_t total_q, int32_t max_num_seqs,
