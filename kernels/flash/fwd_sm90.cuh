@@ -412,9 +412,9 @@ struct FwdBlockTiles {
     kEB = int(sizeof(T)),  // element bytes: 2, or 1 for e4m3
     kColBlocks = col_blocks(D, kEB),  // 128-byte column blocks of a row
     // Rings of stages (sm90_tiles.h): K, V as copied, fp8's V^T; P V reads V^T or V.
-    kKRing = kVtGiven ? kVtGivenStages : k_stages(D, kEB),
-    kVRing = kVtGiven ? 0 : v_stages(D, kEB),
-    kVtRing = kVtGiven ? kVtGivenStages : vt_stages(D, kEB),
+    kKRing = k_stages(D, kEB, kVtGiven),
+    kVRing = v_stages(D, kEB, kVtGiven),
+    kVtRing = vt_stages(D, kEB, kVtGiven),
     kPvRing = kEB == 1 ? kVtRing : kVRing,
     // setmaxnreg's counts (sm90_tiles.h): the producer warpgroup's, then each consumer's
     kRegsProducer = producer_regs(kWgs, kEB, D),
@@ -1018,7 +1018,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
 // for d256 S = 8192, 28 % of the DRAM's bandwidth, H100.)
 __device__ void flash_fwd_vt_pack(const flash_sm90::Args& a) {
   using namespace flash_sm90;
-  constexpr int kKeys = 128;
+  constexpr int kKeys = kVtPackKeys;
+  static_assert(kKeys == block_n(256, 1), "the pass writes whole V^T tiles");
   const xla_attn_flash_fwd_params& p = a.p;
   const int b = blockIdx.z, hk = blockIdx.y, hd = p.head_dim;
   if (b >= real_batch(p.batch, p.batch_used)) return;

@@ -84,9 +84,10 @@ FwdPlan plan(const xla_attn_flash_fwd_params& p, const FwdTiles& t) {
   return plan;
 }
 
-// `d`: the kernel's head-dim bucket, `eb`: its element bytes (1 for fp8).
-FwdTiles sm90_tiles(int d, int wgs, int eb, bool walk) {
-  return {flash_sm90::block_m(wgs), size_t(flash_sm90::smem_bytes(d, wgs, eb, walk)),
+// `d`: the kernel's head-dim bucket, `eb`: its element bytes (1 for fp8), `vt_given`: fp8
+// d256's instance for V given transposed (sm90_tiles.h, k_stages).
+FwdTiles sm90_tiles(int d, int wgs, int eb, bool walk, bool vt_given) {
+  return {flash_sm90::block_m(wgs), size_t(flash_sm90::smem_bytes(d, wgs, eb, walk, vt_given)),
           flash_sm90::kTargetBlocks, sm80::kMinKeysPerSplit, sm80::kMaxSplits};
 }
 
@@ -146,13 +147,15 @@ bool vt_given(const xla_attn_flash_fwd_params& p, int d, flash_sm90::Args* args)
              .empty();
 }
 
-// flash_fwd_vt_pack: 128 keys a block, each block looping over the rest of its sequence's
+// flash_fwd_vt_pack: kVtPackKeys a block, each block looping over the rest of its sequence's
 // keys past the hint. "" or the launch's error.
 std::string launch_vt_pack(const xla_attn_flash_fwd_params& p, const dispatch::Query& query,
                            cudaStream_t stream, const flash_sm90::Args& args) {
   dispatch::Query q = query;
   q.op = "flash_fwd_vt_pack";
-  const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + 127) / 128), p.num_heads_k, p.batch);
+  const int keys = flash_sm90::kVtPackKeys;
+  const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + keys - 1) / keys), p.num_heads_k,
+                  p.batch);
   return dispatch::launch(q, grid, 0, stream, &args);
 }
 
@@ -222,8 +225,7 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   // The kernel's consumer warpgroups, as the variant table built it: a producer
   // warpgroup and wgs consumers (variants.py, threads = 128 (1 + wgs)).
   const int wgs = v->threads / 128 - 1;
-  FwdTiles tiles = sm90_tiles(d, wgs, eb, walk);
-  if (vt) tiles.smem = size_t(flash_sm90::vt_given_smem_bytes(d, wgs));
+  const FwdTiles tiles = sm90_tiles(d, wgs, eb, walk, vt);
   const FwdPlan pl = plan(params, tiles);
   if (pl.splits > 1) return false;
   args.p = params;

@@ -162,18 +162,23 @@ XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
 // d64 (its tiles are half the size). H100, same run, against 2 and 2 (with O's bulk
 // stores): d64 S=512 full +9 %, S=1024 +5 %, d256 +3..+5 %, d128 +0..+2 %; S=16384 alike.
 // Barriers are laid out for kMaxStages per kind.
+// `vt_given`: fp8 d256's instance for V given transposed (flash_fwd_sm90's kVtGiven, below
+// at vt_given_covers) has no raw V ring: K and V^T ring through kVtGivenStages each (32 KB
+// Q + 3 x (32 + 32) KB = 224 KB; against 2 + 2, -2.6..+2.9 %, H100, docs/benchmarks.md
+// 2026-11-27 (32)).
 constexpr int kStages = 2;
 constexpr int kMaxStages = 4;
-XLA_ATTN_HOST_DEVICE constexpr int k_stages(int d, int eb) {
-  return eb == 1 ? (d <= 128 ? 4 : 2) : d <= 64 ? 4 : kStages;
+constexpr int kVtGivenStages = 3;
+XLA_ATTN_HOST_DEVICE constexpr int k_stages(int d, int eb, bool vt_given) {
+  return vt_given ? kVtGivenStages : eb == 1 ? (d <= 128 ? 4 : 2) : d <= 64 ? 4 : kStages;
 }
 // fp8 d256 (32 KB Q, 32 KB K, V and V^T tiles) rings each through 2 stages, 224 KB in
 // all (with 64-key tiles it had 4 K, 2 raw V and 3 V^T stages of 16 / 16 / 32 KB).
-XLA_ATTN_HOST_DEVICE constexpr int v_stages(int d, int eb) {
-  return eb == 1 ? (d <= 128 ? 4 : 2) : d <= 64 ? 4 : 3;
+XLA_ATTN_HOST_DEVICE constexpr int v_stages(int d, int eb, bool vt_given) {
+  return vt_given ? 0 : eb == 1 ? (d <= 128 ? 4 : 2) : d <= 64 ? 4 : 3;
 }
-XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int d, int eb) {
-  return eb == 1 ? (d <= 128 ? 3 : 2) : 0;
+XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int d, int eb, bool vt_given) {
+  return vt_given ? kVtGivenStages : eb == 1 ? (d <= 128 ? 3 : 2) : 0;
 }
 
 // Named barriers (0 is __syncthreads): 1 the consumers' V-tail zeroing, 2 + wg each
@@ -225,10 +230,11 @@ XLA_ATTN_HOST_DEVICE constexpr int barrier_bytes(int eb) {
 // Paged K/V (the kPaged instances): each consumer warp's valid bytes of its current tile, one
 // a key (1: its page exists), up to 3 consumer warpgroups.
 XLA_ATTN_HOST_DEVICE constexpr int valid_bytes(int d, int eb) { return 3 * 4 * block_n(d, eb); }
-XLA_ATTN_HOST_DEVICE constexpr int layout_bytes(int d, int wgs, int eb, int q_buffers) {
+XLA_ATTN_HOST_DEVICE constexpr int layout_bytes(int d, int wgs, int eb, int q_buffers,
+                                                bool vt_given) {
   return kAlign + q_buffers * q_bytes(d, wgs, eb) +
-         (k_stages(d, eb) + v_stages(d, eb)) * kv_bytes(d, eb) +
-         vt_stages(d, eb) * vt_bytes(d, eb) + barrier_bytes(eb) + valid_bytes(d, eb);
+         (k_stages(d, eb, vt_given) + v_stages(d, eb, vt_given)) * kv_bytes(d, eb) +
+         vt_stages(d, eb, vt_given) * vt_bytes(d, eb) + barrier_bytes(eb) + valid_bytes(d, eb);
 }
 // A block walks several (row block, head, sequence) items where the grid would take
 // more than one wave (a persistent grid, fwd_sm90.cuh): with two Q buffers the producer
@@ -237,16 +243,21 @@ XLA_ATTN_HOST_DEVICE constexpr int layout_bytes(int d, int wgs, int eb, int q_bu
 // One block an item has one (the same shared memory as before the walk: with 32 KB more
 // at d128 the L1 carve-out is smaller).
 XLA_ATTN_HOST_DEVICE constexpr int q_buffers(int d, int wgs, int eb = 2, bool walk = true) {
-  return walk && layout_bytes(d, wgs, eb, kMaxQBuffers) <= kSmemLimit ? kMaxQBuffers : 1;
+  return walk && layout_bytes(d, wgs, eb, kMaxQBuffers, false) <= kSmemLimit ? kMaxQBuffers
+                                                                             : 1;
 }
-XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb = 2, bool walk = false) {
-  return layout_bytes(d, wgs, eb, q_buffers(d, wgs, eb, walk));
+// (the instance for V given transposed never walks: d256)
+XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb, bool walk, bool vt_given) {
+  return layout_bytes(d, wgs, eb, q_buffers(d, wgs, eb, walk), vt_given);
 }
-static_assert(smem_bytes(256, 2) <= kSmemLimit &&
-                  smem_bytes(128, kFp8Wgs, 1, true) <= kSmemLimit &&
-                  smem_bytes(256, fp8_wgs(256), 1) <= kSmemLimit &&
-                  smem_bytes(64, kFp8Wgs, 1, true) <= kSmemLimit,
-              "the d256 (fp8: d128, d256) tiles exceed sm_90's 227 KB a block");
+static_assert(smem_bytes(256, 2, 2, false, false) <= kSmemLimit &&
+                  smem_bytes(128, kFp8Wgs, 1, true, false) <= kSmemLimit &&
+                  smem_bytes(256, fp8_wgs(256), 1, false, false) <= kSmemLimit &&
+                  smem_bytes(256, fp8_wgs(256), 1, false, true) <= kSmemLimit &&
+                  smem_bytes(64, kFp8Wgs, 1, true, false) <= kSmemLimit &&
+                  kVtGivenStages <= kMaxStages,
+              "the d256 (fp8: d128, d256, d256 with V given) tiles exceed sm_90's 227 KB a "
+              "block");
 static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 &&
                   q_buffers(128, kFp8Wgs, 1) == 2 && q_buffers(64, kFp8Wgs, 1) == 2,
               "d64 / d128 (16-bit and fp8) are meant to double their Q buffers");
@@ -346,16 +357,8 @@ constexpr int kVtMinRows = 2048;
 XLA_ATTN_HOST_DEVICE constexpr bool vt_given_covers(int head_dim, int max_seqlen_q) {
   return fp8_covers(head_dim) && fp8_bucket(head_dim) == 256 && max_seqlen_q >= kVtMinRows;
 }
-// The instance for V given transposed (flash_fwd_sm90's kVtGiven) has no raw V ring: K
-// and V^T ring through kVtGivenStages each (d256: 32 KB Q + 3 x (32 + 32) KB = 224 KB).
-constexpr int kVtGivenStages = 3;
-XLA_ATTN_HOST_DEVICE constexpr int vt_given_smem_bytes(int d, int wgs) {
-  return kAlign + q_bytes(d, wgs, 1) + kVtGivenStages * (kv_bytes(d, 1) + vt_bytes(d, 1)) +
-         barrier_bytes(1) + valid_bytes(d, 1);
-}
-static_assert(vt_given_smem_bytes(256, fp8_wgs(256)) <= kSmemLimit &&
-                  kVtGivenStages <= kMaxStages,
-              "fp8 d256 with V given: its rings exceed sm_90's 227 KB a block");
+// flash_fwd_vt_pack's keys a block: one V^T tile (block_n at fp8)
+constexpr int kVtPackKeys = 128;
 XLA_ATTN_HOST_DEVICE constexpr int64_t vt_workspace_bytes(int64_t total_k, int batch,
                                                           int heads_k, int head_dim) {
   return int64_t(kVtOffset) + int64_t(heads_k) * head_dim * vt_cols(total_k, batch);
