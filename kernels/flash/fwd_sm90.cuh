@@ -320,6 +320,41 @@ __device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (
   }
 }
 
+// tiles_in_turn with the consumer warpgroups taking turns in a ring (sm90_tiles.h,
+// turn_ring): a turn issues P_{j-1} V_{j-1}, waits for it and issues S_j (the item's first
+// turn: S_0 alone; its last: P V alone), then hands over before S_j is waited for, so
+// that one warpgroup's products run while the other two compute their softmaxes.
+// my_turn() waits for this warpgroup's turn, their_turn() hands it to the next; every
+// warpgroup takes the item's tiles + 1 turns (consume_item adds empty ones for the tiles
+// it passes), so that the ring's order holds. S_j issued at the turn's end instead, beside
+// P_{j-1} V_{j-1} or after the loop's back edge, made ptxas serialize the products
+// (C7512 / C7515: S live across the back edge at 160 registers).
+template <int kS, int kO, typename IssueS, typename SoftmaxAtMax, typename Softmax,
+          typename ReleaseK, typename PReady, typename IssuePv, typename ReleaseV,
+          typename MyTurn, typename TheirTurn>
+__device__ __forceinline__ void tiles_in_ring(int tiles, float (&s)[kS], float (&o)[kO],
+                                              IssueS&& issue_s, SoftmaxAtMax&& softmax_at_max,
+                                              Softmax&& softmax, ReleaseK&& release_k,
+                                              PReady&& p_ready, IssuePv&& issue_pv,
+                                              ReleaseV&& release_v, MyTurn&& my_turn,
+                                              TheirTurn&& their_turn) {
+  for (int j = 0; j < tiles; ++j) {
+    if (j == 0) my_turn();  // else taken for P_{j-1} V_{j-1}, below
+    issue_s(j);
+    their_turn();
+    sm90::wgmma_wait<0>();
+    sm90::wgmma_hold(s);
+    softmax_of_landed_s(j, s, issue_s, softmax_at_max, softmax, release_k);
+    p_ready(j);
+    my_turn();
+    issue_pv(j);
+    sm90::wgmma_wait<0>();
+    sm90::wgmma_hold(o);
+    release_v(j);
+    if (j + 1 == tiles) their_turn();
+  }
+}
+
 // One kBlockN-key V tile of e4m3 (rows = keys, in 128-byte column blocks, swizzled as the
 // copy engine lands them) into V^T (rows = head dims, the first D, kBlockN bytes of keys in
 // 128-byte rows swizzled the same way), as the K-major B operand of P V, by the producer's
@@ -826,7 +861,29 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       : kWalk       ? own_tiles
                     : warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles);
   constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, kWalk, kPaged);  // else tiles_in_turn
-  if constexpr (!kOverlap) {
+  constexpr bool kRing = turn_ring(kWgs, kEB, D, kWalk, kPaged);  // tiles_in_ring
+  // the ring's turns: the item's tiles + 1 for every warpgroup (one block an item skips
+  // the last warpgroup's last hand-over: their_turn(last))
+  int turns = 0;
+  auto ring_turn = [&] {
+    if constexpr (kRing) their_turn(++turns == tiles + 1);
+  };
+  if constexpr (kRing) {
+    if (!kWalk && tiles > 0) {  // (the walk waits for Q and hands over once, before)
+      sm90::mbar_wait(q_full, 0u);
+      if (wg == kWgs - 1) their_turn();  // warpgroup 0 goes first
+    }
+    tiles_in_ring(
+        wg_tiles, s_flat, o_flat, issue_s, softmax_at_max,
+        [&](int j) { softmax(j, box_present(j)); },
+        [&](int j) { release(kEmptyK, (g0 + j) % kKRing); }, [&](int) { rescale_o(); to_p(); },
+        [&](int j) { zero_v_tail(j); issue_pv(j); },
+        [&](int j) { release(kEmptyV, (g0 + j) % kPvRing); }, my_turn, ring_turn);
+    if (wg_tiles <= 0 && tiles > 0) {  // the item's first turn, empty
+      my_turn();
+      ring_turn();
+    }
+  } else if constexpr (!kOverlap) {
     if (!kWalk && tiles > 0) sm90::mbar_wait(q_full, 0u);
     tiles_in_turn(
         wg_tiles, s_flat, o_flat, issue_s, softmax_at_max,
@@ -882,6 +939,10 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   }
   if constexpr (kPassesTiles) {
     for (int j = wg_tiles; j < tiles; ++j) {
+      if constexpr (kRing) {  // the tile's turn, empty
+        my_turn();
+        ring_turn();
+      }
       zero_v_tail(j);
       // The walk makes both stage indices first: as with release, each kernel keeps its
       // order (the other changed ptxas's schedule of the fp8 kernels).
@@ -989,13 +1050,18 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // softmax instead of both contending for the tensor cores and then both leaving them
     // idle. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over, so that every
     // arrival is waited for.
+    // fp8 d128's three take turns in a ring (sm90_tiles.h, turn_ring; consume_item's
+    // tiles_in_ring): warpgroup wg hands over to wg + 1, the last to 0.
     constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit, fp8 d256 (sm90_tiles.h)
+    constexpr bool kRing = turn_ring(kWgs, kEB, D, /*walk=*/false, kPaged);
     auto my_turn = [&] {
-      if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
+      if constexpr (kPingPong || kRing) sm90::named_barrier(kTurnBarrier + wg, 256);
     };
     auto their_turn = [&](bool last = false) {
       if constexpr (kPingPong) {
         if (!(last && wg == 1)) sm90::named_arrive(kTurnBarrier + 1 - wg, 256);
+      } else if constexpr (kRing) {
+        if (!(last && wg == kWgs - 1)) sm90::named_arrive(kTurnBarrier + (wg + 1) % kWgs, 256);
       }
     };
     consume_item<T, D, kWgs, paged, /*kWalk=*/false, kVtGiven>(

@@ -265,14 +265,17 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     // Warpgroup 0 goes first, over the block's whole walk; it takes one more turn after
     // its last item, so that every hand-over is waited for (an item's last included:
     // `last` is for one item a block).
+    // fp8's three take turns in a ring (sm90_tiles.h, turn_ring): wg hands over to wg + 1.
     constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit (sm90_tiles.h)
+    constexpr bool kRing = turn_ring(kWgs, kEB, D, /*walk=*/true, paged);
     auto my_turn = [&] {
-      if constexpr (kPingPong) sm90::named_barrier(kTurnBarrier + wg, 256);
+      if constexpr (kPingPong || kRing) sm90::named_barrier(kTurnBarrier + wg, 256);
     };
     auto their_turn = [&](bool /*last*/ = false) {
       if constexpr (kPingPong) sm90::named_arrive(kTurnBarrier + 1 - wg, 256);
+      if constexpr (kRing) sm90::named_arrive(kTurnBarrier + (wg + 1) % kWgs, 256);
     };
-    if (wg == 1) their_turn();
+    if (wg == kWgs - 1) their_turn();
 
     // Item blk's rows, its Q in buffer qb, its first tile the walk's g0-th (own_tiles: its
     // warpgroup's tiles from the item's record, where warpgroups pass tiles); returns its
@@ -319,7 +322,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       }
       sm90::mbar_arrive(q_empty(qb));  // the Q buffer (and slot) back to the producer
     }
-    if (wg == 0) my_turn();  // warpgroup 1's last hand-over
+    if (wg == 0) my_turn();  // the last warpgroup's last hand-over
   }
 }
 

@@ -153,6 +153,19 @@ XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
   return wgs == 2 && (eb == 2 || d > 128);
 }
 
+// fp8's three consumer warpgroups where they run their tiles in turn (tiles_in_turn: d128,
+// and d64's walk) take turns in a ring (fwd_sm90.cuh, tiles_in_ring): a turn issues one
+// warpgroup's P_{j-1} V_{j-1}, waits for it and issues S_j, so that one warpgroup's
+// products run while the other two compute their softmaxes, rather than all three
+// leaving the tensor cores to the warp schedulers' order. H100, same run, against no
+// turns, median of 3 rounds: fp8 d128 full S = 1024 / 2048 / 4096 / 8192 / 16384 +2.3 /
+// +5.1 / +2.5 / +2.9 / +2.1 %, causal S = 512 / 2048 / 4096 / 8192 / 16384 +6.5 / +3.1 /
+// +1.4 / +1.4 / +3.5 %, S = 512 full -0.4 %; fp8 d64 (walk) causal S = 512 / 2048 +6.6 /
+// +2.1 %, full S = 1024 -0.7 % (docs/benchmarks.md, 2026-11-27 (33)).
+XLA_ATTN_HOST_DEVICE constexpr bool turn_ring(int wgs, int eb, int d, bool walk, bool paged) {
+  return wgs == 3 && eb == 1 && !overlaps_products(wgs, eb, d, walk, paged);
+}
+
 // K/V tiles in flight: the producer fills stage j + 1 while tile j is computed. fp8 (half
 // the bytes a tile, twice the product rate) rings K and the copied V through 4 stages and
 // its V^T tiles through 3, so that copies and transposes run further ahead of products
@@ -183,13 +196,13 @@ XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int d, int eb, bool vt_given) {
 
 // Named barriers (0 is __syncthreads): 1 the consumers' V-tail zeroing, 2 + wg each
 // consumer warpgroup's epilogue (up to 4), kProducerBarrier the fp8 producer's transposes,
-// kTurnBarrier + wg the two consumers' turns (ping-pong).
+// kTurnBarrier + wg the consumers' turns (two: ping-pong; fp8's three: turn_ring).
 constexpr int kProducerBarrier = 5;
 constexpr int kTurnBarrier = 6;
 // kVoteBarrier + wg each consumer warpgroup's vote on its softmax at the running max
 // (fwd_sm90.cuh, softmax_at_running_max).
 constexpr int kVoteBarrier = 9;
-static_assert(2 + 3 <= kProducerBarrier && kTurnBarrier + 2 <= kVoteBarrier &&
+static_assert(2 + 3 <= kProducerBarrier && kTurnBarrier + 3 <= kVoteBarrier &&
                   kVoteBarrier + 3 <= 16,
               "named barriers: epilogues, producer, turns and votes (up to three consumers) "
               "apart, within sm_90's 16");
