@@ -300,39 +300,19 @@ __device__ __forceinline__ int warpgroup_tiles(const Window& win, const Sequence
 // (sm90_tiles.h, overlaps_products): S_j issued and waited for, its softmax
 // (softmax_of_landed_s), O rescaled and P (p_ready(j); no product is writing O), then
 // P_j V_j issued and waited for and V_j released (release_v(j)).
-template <int kS, int kO, typename IssueS, typename SoftmaxAtMax, typename Softmax,
-          typename ReleaseK, typename PReady, typename IssuePv, typename ReleaseV>
-__device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (&o)[kO],
-                                              IssueS&& issue_s, SoftmaxAtMax&& softmax_at_max,
-                                              Softmax&& softmax, ReleaseK&& release_k,
-                                              PReady&& p_ready, IssuePv&& issue_pv,
-                                              ReleaseV&& release_v) {
-  for (int j = 0; j < tiles; ++j) {
-    issue_s(j);
-    sm90::wgmma_wait<0>();
-    sm90::wgmma_hold(s);
-    softmax_of_landed_s(j, s, issue_s, softmax_at_max, softmax, release_k);
-    p_ready(j);
-    issue_pv(j);
-    sm90::wgmma_wait<0>();
-    sm90::wgmma_hold(o);
-    release_v(j);
-  }
-}
-
-// tiles_in_turn with the consumer warpgroups taking turns in a ring (sm90_tiles.h,
-// turn_ring): a turn issues P_{j-1} V_{j-1}, waits for it and issues S_j (the item's first
-// turn: S_0 alone; its last: P V alone), then hands over before S_j is waited for, so
-// that one warpgroup's products run while the other two compute their softmaxes.
-// my_turn() waits for this warpgroup's turn, their_turn() hands it to the next; every
-// warpgroup takes the item's tiles + 1 turns (consume_item adds empty ones for the tiles
-// it passes), so that the ring's order holds. S_j issued at the turn's end instead, beside
-// P_{j-1} V_{j-1} or after the loop's back edge, made ptxas serialize the products
-// (C7512 / C7515: S live across the back edge at 160 registers).
+// With three consumer warpgroups they take turns in a ring (sm90_tiles.h, turn_ring;
+// elsewhere my_turn and their_turn do nothing): a turn issues P_{j-1} V_{j-1}, waits for
+// it and issues S_j (the item's first turn: S_0 alone; its last: P V alone), then hands
+// over before S_j is waited for, so that one warpgroup's products run while the other two
+// compute their softmaxes. my_turn() waits for this warpgroup's turn, their_turn() hands
+// it to the next; every warpgroup takes the item's tiles + 1 turns (consume_item adds
+// empty ones for the tiles it passes), so that the ring's order holds. S_j issued at the
+// turn's end instead, beside P_{j-1} V_{j-1} or after the loop's back edge, made ptxas
+// serialize the products (C7512 / C7515: S live across the back edge at 160 registers).
 template <int kS, int kO, typename IssueS, typename SoftmaxAtMax, typename Softmax,
           typename ReleaseK, typename PReady, typename IssuePv, typename ReleaseV,
           typename MyTurn, typename TheirTurn>
-__device__ __forceinline__ void tiles_in_ring(int tiles, float (&s)[kS], float (&o)[kO],
+__device__ __forceinline__ void tiles_in_turn(int tiles, float (&s)[kS], float (&o)[kO],
                                               IssueS&& issue_s, SoftmaxAtMax&& softmax_at_max,
                                               Softmax&& softmax, ReleaseK&& release_k,
                                               PReady&& p_ready, IssuePv&& issue_pv,
@@ -861,36 +841,36 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       : kWalk       ? own_tiles
                     : warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles);
   constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, kWalk, kPaged);  // else tiles_in_turn
-  constexpr bool kRing = turn_ring(kWgs, kEB, D, kWalk, kPaged);  // tiles_in_ring
+  constexpr bool kRing = turn_ring(kWgs, kEB, D, kWalk, kPaged);  // tiles_in_turn's ring
   // the ring's turns: the item's tiles + 1 for every warpgroup (one block an item skips
   // the last warpgroup's last hand-over: their_turn(last))
   int turns = 0;
   auto ring_turn = [&] {
     if constexpr (kRing) their_turn(++turns == tiles + 1);
   };
-  if constexpr (kRing) {
+  if constexpr (!kOverlap) {
     if (!kWalk && tiles > 0) {  // (the walk waits for Q and hands over once, before)
       sm90::mbar_wait(q_full, 0u);
-      if (wg == kWgs - 1) their_turn();  // warpgroup 0 goes first
+      if constexpr (kRing) {
+        if (wg == kWgs - 1) their_turn();  // warpgroup 0 goes first
+      }
     }
-    tiles_in_ring(
-        wg_tiles, s_flat, o_flat, issue_s, softmax_at_max,
-        [&](int j) { softmax(j, box_present(j)); },
-        [&](int j) { release(kEmptyK, (g0 + j) % kKRing); }, [&](int) { rescale_o(); to_p(); },
-        [&](int j) { zero_v_tail(j); issue_pv(j); },
-        [&](int j) { release(kEmptyV, (g0 + j) % kPvRing); }, my_turn, ring_turn);
-    if (wg_tiles <= 0 && tiles > 0) {  // the item's first turn, empty
-      my_turn();
-      ring_turn();
-    }
-  } else if constexpr (!kOverlap) {
-    if (!kWalk && tiles > 0) sm90::mbar_wait(q_full, 0u);
     tiles_in_turn(
         wg_tiles, s_flat, o_flat, issue_s, softmax_at_max,
         [&](int j) { softmax(j, box_present(j)); },
         [&](int j) { release(kEmptyK, (g0 + j) % kKRing); }, [&](int) { rescale_o(); to_p(); },
         [&](int j) { zero_v_tail(j); issue_pv(j); },
-        [&](int j) { release(kEmptyV, (g0 + j) % kPvRing); });
+        [&](int j) { release(kEmptyV, (g0 + j) % kPvRing); },
+        [&] {
+          if constexpr (kRing) my_turn();
+        },
+        ring_turn);
+    if constexpr (kRing) {
+      if (wg_tiles <= 0 && tiles > 0) {  // the item's first turn, empty
+        my_turn();
+        ring_turn();
+      }
+    }
   } else {
     // One item a block, Q is waited for where the warpgroup computes no tile too: its
     // rows of the buffer stage its O.
@@ -1051,7 +1031,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // idle. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over, so that every
     // arrival is waited for.
     // fp8 d128's three take turns in a ring (sm90_tiles.h, turn_ring; consume_item's
-    // tiles_in_ring): warpgroup wg hands over to wg + 1, the last to 0.
+    // tiles_in_turn): warpgroup wg hands over to wg + 1, the last to 0.
     constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit, fp8 d256 (sm90_tiles.h)
     constexpr bool kRing = turn_ring(kWgs, kEB, D, /*walk=*/false, kPaged);
     auto my_turn = [&] {

@@ -154,7 +154,7 @@ XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
 }
 
 // fp8's three consumer warpgroups where they run their tiles in turn (tiles_in_turn: d128,
-// and d64's walk) take turns in a ring (fwd_sm90.cuh, tiles_in_ring): a turn issues one
+// and d64's walk) take turns in a ring (fwd_sm90.cuh): a turn issues one
 // warpgroup's P_{j-1} V_{j-1}, waits for it and issues S_j, so that one warpgroup's
 // products run while the other two compute their softmaxes, rather than all three
 // leaving the tensor cores to the warp schedulers' order. H100, same run, against no
