@@ -39,10 +39,9 @@ def test_flash_fwd_workspace_holds_fp8_vt():
     total_k + 144 columns a sequence, rounded to 16: sm90_tiles.h, vt_workspace_bytes);
     bf16, paged fp8 and fp8 d128 ask for what the dtype-blind v1 asks for (split-KV
     partials, the walk's item counter)."""
-    shape = dict(total_q=4096, total_k=4096, batch=2, num_heads=8, num_heads_k=2,
-                 max_seqlen_q=2048, max_seqlen_k=2048)
+    shape = dict(total_q=4096, batch=2, num_heads=8, max_seqlen_q=2048, max_seqlen_k=2048)
     size = lambda d, dt, paged=False: _native.flash_fwd_workspace_size(
-        head_dim=d, kv_dtype=dt, paged=paged, **shape)
+        head_dim=d, k_shape=(4096, 2, d), kv_dtype=dt, paged=paged, **shape)
     vt_cols = (4096 + 144 * 2 + 16 + 15) // 16 * 16
     assert size(256, "float8_e4m3fn") == 1024 + 2 * 256 * vt_cols
     assert size(144, "float8_e4m3fn") == 1024 + 2 * 144 * vt_cols

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import math
 import os
 import pathlib
 
@@ -74,14 +75,17 @@ def select_variant(op: str, dtype0: str, dtype1: str, head_dim: int, arch: int,
     return out.value.decode()
 
 
-def flash_fwd_workspace_size(total_q: int, total_k: int, batch: int, num_heads: int,
-                             num_heads_k: int, head_dim: int, max_seqlen_q: int,
-                             max_seqlen_k: int, kv_dtype: str, paged: bool) -> int:
+def flash_fwd_workspace_size(total_q: int, batch: int, num_heads: int, head_dim: int,
+                             max_seqlen_q: int, max_seqlen_k: int, k_shape: tuple[int, ...],
+                             kv_dtype: str, paged: bool) -> int:
     """Bytes of the `workspace` result of xla_attn_flash_fwd_v1 (split-KV partials, the
-    Hopper walk's item counter, fp8's V^T: total_k is K's rows, a paged cache's too)."""
+    Hopper walk's item counter, fp8's V^T). k_shape: K's, (total_k, heads_k, head_dim) or a
+    paged cache's (blocks, block_size, heads_k, head_dim): its rows are all but the last two
+    dimensions."""
     return lib().xla_attn_flash_fwd_workspace_size_v2(
-        total_q, total_k, batch, num_heads, num_heads_k, head_dim, min(max_seqlen_q, 2**31 - 1),
-        min(max_seqlen_k, 2**31 - 1), DTYPE_CODES[kv_dtype], int(paged))
+        total_q, math.prod(k_shape[:-2]), batch, num_heads, k_shape[-2], head_dim,
+        min(max_seqlen_q, 2**31 - 1), min(max_seqlen_k, 2**31 - 1), DTYPE_CODES[kv_dtype],
+        int(paged))
 
 
 def flash_bwd_workspace_size(total_q: int, batch: int, num_heads: int, head_dim: int,

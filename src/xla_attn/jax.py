@@ -403,11 +403,9 @@ def _flash_fwd_impl(spec: _ops.FlashSpec, q, k, v, cu_q, cu_k, seqused_k=None,
                     block_table=None, alibi=None, q_descale=None, k_descale=None,
                     v_descale=None):
     total_q, num_heads, head_dim = q.shape
-    # K's rows (a paged cache's blocks x block size) and dtype: fp8's V^T (_native)
-    total_k = k.shape[0] * k.shape[1] if spec.paged else k.shape[0]
     workspace = _native.flash_fwd_workspace_size(
-        total_q, total_k, cu_q.shape[0] - 1, num_heads, k.shape[-2], head_dim, spec.max_seqlen_q,
-        spec.max_seqlen_k, jnp.dtype(k.dtype).name, spec.paged)
+        total_q, cu_q.shape[0] - 1, num_heads, head_dim, spec.max_seqlen_q, spec.max_seqlen_k,
+        k.shape, jnp.dtype(k.dtype).name, spec.paged)
     results = (jax.ShapeDtypeStruct(q.shape, jnp.dtype(spec.out_dtype)),
                jax.ShapeDtypeStruct((num_heads, total_q), jnp.float32),
                jax.ShapeDtypeStruct((workspace,), jnp.uint8))

@@ -60,8 +60,8 @@ def _flash_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alib
     out_dtype = getattr(torch, spec.out_dtype)
     paged = block_table is not None
     workspace = _native.flash_fwd_workspace_size(
-        total_q, k.shape[0] * k.shape[1] if paged else k.shape[0], batch, num_heads, k.shape[-2],
-        head_dim, max_seqlen_q, max_seqlen_k, str(k.dtype).removeprefix("torch."), paged)
+        total_q, batch, num_heads, head_dim, max_seqlen_q, max_seqlen_k, tuple(k.shape),
+        str(k.dtype).removeprefix("torch."), paged)
     dev = q.device
     operands = [q, k, v, cu_seqlens_q, cu_seqlens_k, _or_absent(seqused_k, torch.int32, dev),
                 _or_absent(block_table, torch.int32, dev),
