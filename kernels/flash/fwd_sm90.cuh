@@ -841,12 +841,24 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       : kWalk       ? own_tiles
                     : warpgroup_tiles<kBlockN>(win, s, m0 + row0, n_lo, tiles);
   constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, kWalk, kPaged);  // else tiles_in_turn
-  constexpr bool kRing = turn_ring(kWgs, kEB, D, kWalk, kPaged);  // tiles_in_turn's ring
+  // three warpgroups' turns in a ring (sm90_tiles.h, turn_ring): tiles_in_turn's hooks,
+  // or the overlapped tiles' hand-overs below (hand_over)
+  constexpr bool kAnyRing = turn_ring(kWgs, kEB, D, kWalk, kPaged);
+  constexpr bool kRing = kAnyRing && !kOverlap;
+  constexpr bool kRingOv = kAnyRing && kOverlap;
   // the ring's turns: the item's tiles + 1 for every warpgroup (one block an item skips
   // the last warpgroup's last hand-over: their_turn(last))
   int turns = 0;
   auto ring_turn = [&] {
-    if constexpr (kRing) their_turn(++turns == tiles + 1);
+    if constexpr (kAnyRing) their_turn(++turns == tiles + 1);
+  };
+  // the overlapped tiles' hand-over: ping-pong's, or a counted turn of the ring
+  auto hand_over = [&](bool last = false) {
+    if constexpr (kRingOv) {
+      ring_turn();
+    } else {
+      their_turn(last);
+    }
   };
   if constexpr (!kOverlap) {
     if (!kWalk && tiles > 0) {  // (the walk waits for Q and hands over once, before)
@@ -875,13 +887,20 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
     // One item a block, Q is waited for where the warpgroup computes no tile too: its
     // rows of the buffer stage its O.
     if (!kWalk && kPassesTiles && wg_tiles == 0 && tiles > 0) sm90::mbar_wait(q_full, 0u);
+    if constexpr (kRingOv) {
+      if (!kWalk && tiles > 0 && wg == kWgs - 1) their_turn();  // warpgroup 0 goes first
+      if (wg_tiles <= 0 && tiles > 0) {  // the item's first turn, empty
+        my_turn();
+        ring_turn();
+      }
+    }
     if (wg_tiles > 0) {
-      if (!kWalk && wg == 1) their_turn();
+      if (!kRingOv && !kWalk && wg == 1) their_turn();
       const bool present = box_present(0);
       if (!kWalk) sm90::mbar_wait(q_full, 0u);
       my_turn();
       issue_s(0);
-      their_turn();
+      hand_over();
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(s_flat);
       release(kEmptyK, g0 % kKRing);
@@ -893,9 +912,9 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       zero_v_tail(j - 1);
       my_turn();
       issue_s(j);
-      if constexpr (kEarlyHandOver) their_turn();
+      if constexpr (kEarlyHandOver) hand_over();
       issue_pv(j - 1);
-      if constexpr (!kEarlyHandOver) their_turn();
+      if constexpr (!kEarlyHandOver) hand_over();
       sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
       sm90::wgmma_hold(s_flat);
       softmax_of_landed_s(
@@ -911,7 +930,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       zero_v_tail(wg_tiles - 1);
       my_turn();
       issue_pv(wg_tiles - 1);
-      their_turn(/*last=*/true);
+      hand_over(/*last=*/true);
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(o_flat);
       release(kEmptyV, (g0 + wg_tiles - 1) % kPvRing);
@@ -919,11 +938,16 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   }
   if constexpr (kPassesTiles) {
     for (int j = wg_tiles; j < tiles; ++j) {
-      if constexpr (kRing) {  // the tile's turn, empty
+      // The V-tail zeroing (16-bit) before the tile's empty turn: every warpgroup meets
+      // there having taken the item's turns up to the last tile's and not that one (an
+      // empty turn first would wait for a later warpgroup's turn, which waits at the
+      // zeroing's barrier for this one: the ring hung so where the last warpgroup had no
+      // rows of a short last row block).
+      zero_v_tail(j);
+      if constexpr (kAnyRing) {  // the tile's turn, empty
         my_turn();
         ring_turn();
       }
-      zero_v_tail(j);
       // The walk makes both stage indices first: as with release, each kernel keeps its
       // order (the other changed ptxas's schedule of the fp8 kernels).
       if constexpr (kWalk) {
@@ -1030,8 +1054,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
     // softmax instead of both contending for the tensor cores and then both leaving them
     // idle. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over, so that every
     // arrival is waited for.
-    // fp8 d128's three take turns in a ring (sm90_tiles.h, turn_ring; consume_item's
-    // tiles_in_turn): warpgroup wg hands over to wg + 1, the last to 0.
+    // Three consumer warpgroups take turns in a ring (sm90_tiles.h, turn_ring): warpgroup
+    // wg hands over to wg + 1, the last to 0, which skips its last hand-over.
     constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit, fp8 d256 (sm90_tiles.h)
     constexpr bool kRing = turn_ring(kWgs, kEB, D, /*walk=*/false, kPaged);
     auto my_turn = [&] {

@@ -265,7 +265,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     // Warpgroup 0 goes first, over the block's whole walk; it takes one more turn after
     // its last item, so that every hand-over is waited for (an item's last included:
     // `last` is for one item a block).
-    // fp8's three take turns in a ring (sm90_tiles.h, turn_ring): wg hands over to wg + 1.
+    // Three take turns in a ring (sm90_tiles.h, turn_ring): wg hands over to wg + 1.
     constexpr bool kPingPong = ping_pong(kWgs, kEB, D);  // 16-bit (sm90_tiles.h)
     constexpr bool kRing = turn_ring(kWgs, kEB, D, /*walk=*/true, paged);
     auto my_turn = [&] {

@@ -153,17 +153,22 @@ XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
   return wgs == 2 && (eb == 2 || d > 128);
 }
 
-// fp8's three consumer warpgroups where they run their tiles in turn (tiles_in_turn: d128,
-// and d64's walk) take turns in a ring (fwd_sm90.cuh): a turn issues one
-// warpgroup's P_{j-1} V_{j-1}, waits for it and issues S_j, so that one warpgroup's
-// products run while the other two compute their softmaxes, rather than all three
-// leaving the tensor cores to the warp schedulers' order. H100, same run, against no
-// turns, median of 3 rounds: fp8 d128 full S = 1024 / 2048 / 4096 / 8192 / 16384 +2.3 /
-// +5.1 / +2.5 / +2.9 / +2.1 %, causal S = 512 / 2048 / 4096 / 8192 / 16384 +6.5 / +3.1 /
-// +1.4 / +1.4 / +3.5 %, S = 512 full -0.4 %; fp8 d64 (walk) causal S = 512 / 2048 +6.6 /
-// +2.1 %, full S = 1024 -0.7 % (docs/benchmarks.md, 2026-11-27 (33)).
+// Three consumer warpgroups take turns in a ring (fwd_sm90.cuh: tiles_in_turn where each
+// runs its tiles in turn, i.e. fp8 d128 and fp8 d64's walk; consume_item's overlapped
+// tiles at 16-bit d64), so that one warpgroup's products run while the other two compute
+// their softmaxes, rather than all three leaving the tensor cores to the warp
+// schedulers' order. In turn, a turn issues one warpgroup's P_{j-1} V_{j-1}, waits for
+// it and issues S_j; overlapped, it issues S_j and P_{j-1} V_{j-1} (as ping-pong does).
+// H100, same run, against no turns, median of 3 rounds (docs/benchmarks.md, 2026-11-27
+// (33)): fp8 d128 full S = 1024 / 2048 / 4096 / 8192 / 16384 +2.3 / +5.1 / +2.5 / +2.9 /
+// +2.1 %, causal S = 512 / 2048 / 4096 / 8192 / 16384 +6.5 / +3.1 / +1.4 / +1.4 / +3.5 %,
+// S = 512 full -0.4 %; fp8 d64 (walk) causal S = 512 / 2048 +6.6 / +2.1 %, full S = 1024
+// -0.7 %; bf16 d64 full S = 512 / 1024 / 2048 / 4096 / 16384 +2.0 / +3.6 / +3.2 / -0.1 /
+// +1.0 %, causal S = 1024 / 4096 / 16384 -0.1 / +5.5 / +1.4 %. Not fp8 d64's one block an
+// item kernel (overlapped, past 2048 rows): full S = 4096 / 16384 -0.6 / -0.3 %, causal
+// 8192 -1.4 %.
 XLA_ATTN_HOST_DEVICE constexpr bool turn_ring(int wgs, int eb, int d, bool walk, bool paged) {
-  return wgs == 3 && eb == 1 && !overlaps_products(wgs, eb, d, walk, paged);
+  return wgs == 3 && (eb == 2 || !overlaps_products(wgs, eb, d, walk, paged));
 }
 
 // K/V tiles in flight: the producer fills stage j + 1 while tile j is computed. fp8 (half
