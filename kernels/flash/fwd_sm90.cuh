@@ -823,7 +823,9 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   // 1,378). H100, same runs, 3 rounds each: S = 4096 full +1.4 / +3.3 %, causal +3.5 %,
   // 8192 +2.4 %, 16384 +1.2 / +1.7 %, S = 512 .. 2048 -1.3 .. +2.1 % (within the
   // spread); at d64 as well, causal S = 512 lost 5.6 %, so d64 keeps both products in
-  // its turn.
+  // its turn (its three warpgroups' ring too: against handing over after both, H100, best
+  // of 2 rounds, full S = 512 / 1024 / 2048 -2.8 / -2.7 / -3.0 %, causal 1024 / 4096
+  // -3.3 / -3.8 %, varlen -4.2 %).
   constexpr bool kEarlyHandOver = kWalk && D == 128;
   // The tiles this warpgroup computes (warpgroup_tiles; the walk: own_tiles, from the
   // item's record), then the rest passed: waited for and released, the last one's V tail

@@ -163,10 +163,11 @@ XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
 // (33)): fp8 d128 full S = 1024 / 2048 / 4096 / 8192 / 16384 +2.3 / +5.1 / +2.5 / +2.9 /
 // +2.1 %, causal S = 512 / 2048 / 4096 / 8192 / 16384 +6.5 / +3.1 / +1.4 / +1.4 / +3.5 %,
 // S = 512 full -0.4 %; fp8 d64 (walk) causal S = 512 / 2048 +6.6 / +2.1 %, full S = 1024
-// -0.7 %; bf16 d64 full S = 512 / 1024 / 2048 / 4096 / 16384 +2.0 / +3.6 / +3.2 / -0.1 /
-// +1.0 %, causal S = 1024 / 4096 / 16384 -0.1 / +5.5 / +1.4 %. Not fp8 d64's one block an
-// item kernel (overlapped, past 2048 rows): full S = 4096 / 16384 -0.6 / -0.3 %, causal
-// 8192 -1.4 %.
+// -0.7 %; bf16 d64 (the walk's three, best of 3 rounds, docs/benchmarks.md 2026-11-27
+// (34)) full S = 512 / 1024 / 2048 / 4096 / 16384 +3.9 / +3.6 / +3.1 / -0.2 / +1.1 %,
+// causal S = 1024 / 4096 / 16384 +0.2 / +4.6 / +0.7 %, varlen (16 causal sequences, mean
+// 1024) +4.1 %. Not fp8 d64's one block an item kernel (overlapped, past 2048 rows): full
+// S = 4096 / 16384 -0.6 / -0.3 %, causal 8192 -1.4 %.
 XLA_ATTN_HOST_DEVICE constexpr bool turn_ring(int wgs, int eb, int d, bool walk, bool paged) {
   return wgs == 3 && (eb == 2 || !overlaps_products(wgs, eb, d, walk, paged));
 }
