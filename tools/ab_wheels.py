@@ -212,9 +212,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds: start no wheel's process that would likely end past them "
                    "(the longest one so far as the estimate), then print the table of the "
                    "rounds run (a timeout around the run would take the table with it)")
-    p.add_argument("--wheel-timeout", type=float, default=600.0,
+    p.add_argument("--wheel-timeout", type=float, default=None,
                    help="seconds: a wheel's process still running then is killed and its "
-                   "round counts as failed (0: no bound)")
+                   "round counts as failed (0: no bound; default 60 + 20 a config, several "
+                   "times what a config takes on an H100, so that a kernel that never ends "
+                   "costs minutes: a 600 s bound once held up a whole comparison)")
     args = p.parse_args(argv)
     try:
         configs = parse_configs(args.configs, args.tokens)
@@ -224,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--op fwd_bwd: the fp8 forward has no backward")
     if args.op == "fwd_bwd" and any(page for *_, page in configs):
         p.error("--op fwd_bwd: the paged forward has no backward")
+    wheel_timeout = (60.0 + 20.0 * len(configs) if args.wheel_timeout is None
+                     else args.wheel_timeout)
     rounds = {w: [] for w in args.wheels}
     start, longest = time.monotonic(), 0.0
     for i, w in itertools.product(range(args.rounds), args.wheels):
@@ -232,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.time_limit:g} s", flush=True)
             break
         t0 = time.monotonic()
-        rounds[w].append(run_wheel(w, configs, args.op, args.tokens,
-                                   args.wheel_timeout or None))
+        rounds[w].append(run_wheel(w, configs, args.op, args.tokens, wheel_timeout or None))
         longest = max(longest, time.monotonic() - t0)
         # each round as it ends, so that a run cut short still leaves its numbers
         got = " ".join(f"{k}={t:.4g}" for k, (t, _) in rounds[w][-1].items())
