@@ -202,7 +202,7 @@ XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int d, int eb, bool vt_given) {
 
 // Named barriers (0 is __syncthreads): 1 the consumers' V-tail zeroing, 2 + wg each
 // consumer warpgroup's epilogue (up to 4), kProducerBarrier the fp8 producer's transposes,
-// kTurnBarrier + wg the consumers' turns (two: ping-pong; fp8's three: turn_ring).
+// kTurnBarrier + wg the consumers' turns (two: ping-pong; three: turn_ring).
 constexpr int kProducerBarrier = 5;
 constexpr int kTurnBarrier = 6;
 // kVoteBarrier + wg each consumer warpgroup's vote on its softmax at the running max
