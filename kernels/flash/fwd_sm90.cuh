@@ -280,8 +280,8 @@ __device__ __forceinline__ void softmax_of_landed_s(int j, float (&s)[kS], Issue
 // Of an item's `tiles` (kBlockN keys each from key n_lo), those up to the last that holds
 // a key some row of a consumer warpgroup sees (its 64 rows from sequence row first_row,
 // those below s.num_q). The tiles past them are a causal or windowed block's last tiles,
-// which only the block's later rows see: a warpgroup that does not take turns with
-// another (ping-pong) waits for them and releases them without computing.
+// which only the block's later rows see: a warpgroup outside ping-pong (three take an
+// empty turn of their ring for each) waits for them and releases them without computing.
 // With 192-row blocks over 128-key tiles (d64 past 512 causal rows, fp8) a causal S =
 // 512 / 1024 / 2048 / 4096 / 8192 has 26 / 25 / 10 / 8 / 3 % fewer warpgroup tiles so;
 // with 128-row blocks and Lq = Lk none (every warpgroup sees some key of the diagonal
