@@ -845,29 +845,41 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   constexpr bool kOverlap = overlaps_products(kWgs, kEB, D, kWalk, kPaged);  // else tiles_in_turn
   // three warpgroups' turns in a ring (sm90_tiles.h, turn_ring): tiles_in_turn's hooks,
   // or the overlapped tiles' hand-overs below (hand_over)
-  constexpr bool kAnyRing = turn_ring(kWgs, kEB, D, kWalk, kPaged);
-  constexpr bool kRing = kAnyRing && !kOverlap;
-  constexpr bool kRingOv = kAnyRing && kOverlap;
+  constexpr bool kRing = turn_ring(kWgs, kEB, D, kWalk, kPaged);
   // the ring's turns: the item's tiles + 1 for every warpgroup (one block an item skips
   // the last warpgroup's last hand-over: their_turn(last))
   int turns = 0;
   auto ring_turn = [&] {
-    if constexpr (kAnyRing) their_turn(++turns == tiles + 1);
+    if constexpr (kRing) their_turn(++turns == tiles + 1);
   };
   // the overlapped tiles' hand-over: ping-pong's, or a counted turn of the ring
   auto hand_over = [&](bool last = false) {
-    if constexpr (kRingOv) {
+    if constexpr (kRing) {
       ring_turn();
     } else {
       their_turn(last);
     }
   };
+  // The ring's start: one item a block, the last warpgroup hands the first turn to
+  // warpgroup 0 (the walk does so once, before the walk); a warpgroup without a tile
+  // takes the item's first turn empty.
+  auto ring_first_hand_over = [&] {
+    if constexpr (kRing) {
+      if (wg == kWgs - 1) their_turn();
+    }
+  };
+  auto ring_empty_first_turn = [&] {
+    if constexpr (kRing) {
+      if (wg_tiles <= 0 && tiles > 0) {
+        my_turn();
+        ring_turn();
+      }
+    }
+  };
   if constexpr (!kOverlap) {
     if (!kWalk && tiles > 0) {  // (the walk waits for Q and hands over once, before)
       sm90::mbar_wait(q_full, 0u);
-      if constexpr (kRing) {
-        if (wg == kWgs - 1) their_turn();  // warpgroup 0 goes first
-      }
+      ring_first_hand_over();
     }
     tiles_in_turn(
         wg_tiles, s_flat, o_flat, issue_s, softmax_at_max,
@@ -879,25 +891,15 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
           if constexpr (kRing) my_turn();
         },
         ring_turn);
-    if constexpr (kRing) {
-      if (wg_tiles <= 0 && tiles > 0) {  // the item's first turn, empty
-        my_turn();
-        ring_turn();
-      }
-    }
+    ring_empty_first_turn();  // after the loop, which has no tile for it (fp8's order)
   } else {
     // One item a block, Q is waited for where the warpgroup computes no tile too: its
     // rows of the buffer stage its O.
     if (!kWalk && kPassesTiles && wg_tiles == 0 && tiles > 0) sm90::mbar_wait(q_full, 0u);
-    if constexpr (kRingOv) {
-      if (!kWalk && tiles > 0 && wg == kWgs - 1) their_turn();  // warpgroup 0 goes first
-      if (wg_tiles <= 0 && tiles > 0) {  // the item's first turn, empty
-        my_turn();
-        ring_turn();
-      }
-    }
+    if (!kWalk && tiles > 0) ring_first_hand_over();
+    ring_empty_first_turn();
     if (wg_tiles > 0) {
-      if (!kRingOv && !kWalk && wg == 1) their_turn();
+      if (!kRing && !kWalk && wg == 1) their_turn();  // ping-pong: warpgroup 0 goes first
       const bool present = box_present(0);
       if (!kWalk) sm90::mbar_wait(q_full, 0u);
       my_turn();
@@ -946,7 +948,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       // zeroing's barrier for this one: the ring hung so where the last warpgroup had no
       // rows of a short last row block).
       zero_v_tail(j);
-      if constexpr (kAnyRing) {  // the tile's turn, empty
+      if constexpr (kRing) {  // the tile's turn, empty
         my_turn();
         ring_turn();
       }
