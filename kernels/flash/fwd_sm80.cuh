@@ -244,17 +244,36 @@ struct TileSoftmax {
     *hi -= 2 * t;
   }
 
+  // Whether no row of this lane's warp sees a key in the tile's second half (the warp's
+  // last row's visible() end, the same in every lane), so that a masked tile's
+  // exponentials skip that half behind one branch the warp takes as one: on a causal
+  // block's diagonal tile (128 rows over 128 keys) the first warpgroup's four warps.
+  template <int kMT, int kBlockN>
+  __device__ __forceinline__ bool warp_sees_first_half() const {
+    const int64_t last = pos0 - ((threadIdx.x & 31) >> 2) + (kMT - 1) * kWarps * 16 + 15;
+    int hi = min(n_hi - n0, kBlockN);
+    if (win.right >= 0) hi = int(clamp64(last + win.right + 1 - n0, 0, hi));
+    return hi <= kBlockN / 2;
+  }
+
   // Row (mt, hf)'s exponentials exp2(x exp_mul - m) in place, and their sum; kMask: keys
   // outside [lo, hi) (visible) are 0.
-  template <bool kMask, int kMT, int kNT>
+  // Only the first kKeep n8 tiles' exponentials (the rest 0, their terms left out of the
+  // sum, which adds the same terms in the same order but for those zeros).
+  template <bool kMask, int kKeep = 0, int kMT, int kNT>
   __device__ __forceinline__ float row_exps(float (&sc)[kMT][kNT][4], int mt, int hf, float m,
                                             int lo = 0, int hi = 0) const {
+    constexpr int kTiles = kKeep > 0 ? kKeep : kNT;
     float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = sc[mt][nt][2 * hf + e];
+        if (nt >= kTiles) {
+          x = 0.f;
+          continue;
+        }
         x = fast_exp2(fmaf(x, exp_mul, -m));
         if constexpr (kMask) {
           if (nt * 8 + e < lo || nt * 8 + e >= hi) x = 0.f;
@@ -272,9 +291,21 @@ struct TileSoftmax {
   // computes S again and runs run_with); else the lane's row sums in sum (l not yet
   // updated). Only for rows that have a max (m > -inf) and without softcap, ALiBi, a
   // score factor <= 0 or absent pages (the caller's test).
-  template <bool kMask, int kMT, int kNT>
+  template <bool kMask, bool kSkip = false, int kMT, int kNT>
   __device__ __forceinline__ bool exps_at_max(float (&sc)[kMT][kNT][4], const float (&m)[kMT][2],
                                               float (&sum)[kMT][2]) const {
+    constexpr int kBlockN = kNT * 8;
+    if (kMask && kSkip && warp_sees_first_half<kMT, kBlockN>()) {
+      return exps_in_rows<kMask, kNT / 2>(sc, m, sum);
+    }
+    return exps_in_rows<kMask, 0>(sc, m, sum);
+  }
+
+  // exps_at_max's rows: each row's exponentials (row_exps, its first kKeep n8 tiles, 0:
+  // all) and sum; false where a sum passes 2^kMaxSlack.
+  template <bool kMask, int kKeep, int kMT, int kNT>
+  __device__ __forceinline__ bool exps_in_rows(float (&sc)[kMT][kNT][4], const float (&m)[kMT][2],
+                                               float (&sum)[kMT][2]) const {
     constexpr int kBlockN = kNT * 8;
     bool ok = true;
 #pragma unroll
@@ -283,7 +314,7 @@ struct TileSoftmax {
       for (int hf = 0; hf < 2; ++hf) {
         int lo = 0, hi = kBlockN;
         if constexpr (kMask) visible<kBlockN>(mt, hf, &lo, &hi);
-        sum[mt][hf] = row_exps<kMask>(sc, mt, hf, m[mt][hf], lo, hi);
+        sum[mt][hf] = row_exps<kMask, kKeep>(sc, mt, hf, m[mt][hf], lo, hi);
         ok &= sum[mt][hf] <= kMaxSlackExp;
       }
     }
@@ -313,7 +344,9 @@ struct TileSoftmax {
   // The same with O's rescale handed to rescale_o(corr) (corr: each row's factor),
   // called where some row of the warp moved its max: the sm90 family defers it until
   // the asynchronous P V product that is writing O has completed.
-  template <bool kMask, bool kCap, int kMT, int kNT, typename RescaleO>
+  // kSkip (the sm90 family): a masked tile's exponentials skip the half no row of the
+  // warp sees (warp_sees_first_half, row_exps).
+  template <bool kMask, bool kCap, bool kSkip = false, int kMT, int kNT, typename RescaleO>
   __device__ __forceinline__ void run_with(float (&sc)[kMT][kNT][4], float (&m)[kMT][2],
                                            float (&l)[kMT][2], RescaleO&& rescale_o) const {
     constexpr int kBlockN = kNT * 8;
@@ -438,12 +471,22 @@ struct TileSoftmax {
         for (int hf = 0; hf < 2; ++hf) l[mt][hf] *= corr[mt][hf];
       }
     }
+    if (kMask && kSkip && warp_sees_first_half<kMT, kBlockN>()) {
+      add_exps<kNT / 2>(sc, m_use, l);
+    } else {
+      add_exps<0>(sc, m_use, l);
+    }
+  }
+
+  // run_with's exponentials against m_use (row_exps, the first kKeep n8 tiles, 0: all),
+  // their sums added to l
+  template <int kKeep, int kMT, int kNT>
+  __device__ __forceinline__ void add_exps(float (&sc)[kMT][kNT][4], const float (&m_use)[kMT][2],
+                                           float (&l)[kMT][2]) const {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        l[mt][hf] += row_exps<false>(sc, mt, hf, m_use[mt][hf]);
-      }
+      for (int hf = 0; hf < 2; ++hf) l[mt][hf] += row_exps<false, kKeep>(sc, mt, hf, m_use[mt][hf]);
     }
   }
 };

@@ -244,14 +244,16 @@ __device__ __forceinline__ void finish_rows(const xla_attn_flash_fwd_params& p,
 // 1 where every lane kept within the bound (l updated), -1 where one did not (S is then
 // overwritten in every lane of the warpgroup). Rows without a max yet (m = -inf: a
 // window's left edge ahead) take the whole softmax.
-template <int kNT>
+template <bool kSkipHalf, int kNT>
 __device__ __forceinline__ int softmax_at_running_max(const sm80::TileSoftmax& tsm, bool mask,
                                                       float (&sc)[1][kNT][4],
                                                       const float (&m)[1][2], float (&l)[1][2],
                                                       int wg) {
   float sum[1][2];
   bool ok = m[0][0] > -XLA_ATTN_INF && m[0][1] > -XLA_ATTN_INF;
-  if (ok) ok = mask ? tsm.exps_at_max<true>(sc, m, sum) : tsm.exps_at_max<false>(sc, m, sum);
+  if (ok) {
+    ok = mask ? tsm.exps_at_max<true, kSkipHalf>(sc, m, sum) : tsm.exps_at_max<false>(sc, m, sum);
+  }
   if (!sm90::named_barrier_all(kVoteBarrier + wg, 128, ok)) return -1;
   l[0][0] += sum[0][0];
   l[0][1] += sum[0][1];
@@ -760,6 +762,17 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
                              mul, cap, exp_mul, slope / exp_mul, prescale,
                              prescale || slope != 0.f, absent, my_valid};
   };
+  // A masked tile's warps skip the exponentials of its second half where none of their
+  // rows sees a key there (TileSoftmax::warp_sees_first_half): a causal block's diagonal
+  // tile in the first warpgroup, with 192-row blocks also the next tile in the third.
+  // Where three consumer warpgroups share the exponential unit and the tensor cores
+  // (128-key tiles): 16-bit d64's m192 kernels and fp8 d128. H100, same run, best of 3
+  // against main: bf16 d64 causal S = 1024 / 2048 / 4096 / 16384 +1.9 / +2.9 / +2.8 /
+  // +1.9 %, fp8 d128 causal 512 / 1024 / 2048 +2.1 / +0.4 / +2.2 %; not fp8 d64 (causal
+  // 512 / 1024 -4.4 / -0.8 %) nor ping-pong's two warpgroups (16-bit d64 causal up to 512
+  // rows, d128; best of 2: d64 causal 512 -6.5 %, d128 causal 512 / 1024 -4.1 / -2.7 %,
+  // varlen -3.1 %). docs/benchmarks.md, 2026-11-27 (35).
+  constexpr bool kSkipHalf = kBlockN == 128 && kWgs == 3 && (kFp8 ? D == 128 : D == 64);
   auto softmax = [&](int j, bool present) {
     const int n0 = n_lo + j * kBlockN;
     const uint32_t boxes = paged ? __ballot_sync(0xffffffffu, present) : 0xffffffffu;
@@ -782,11 +795,11 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
     if (!(mask | softcap)) {
       tsm.run_with<false, false>(sc, m, l, defer);
     } else if (!softcap) {
-      tsm.run_with<true, false>(sc, m, l, defer);
+      tsm.run_with<true, false, kSkipHalf>(sc, m, l, defer);
     } else if (!mask) {
       tsm.run_with<false, true>(sc, m, l, defer);
     } else {
-      tsm.run_with<true, true>(sc, m, l, defer);
+      tsm.run_with<true, true, kSkipHalf>(sc, m, l, defer);
     }
   };
   // The softmax against the running max as it stands (softmax_of_landed_s; TileSoftmax::
@@ -802,7 +815,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       if (j == 0 || softcap || prescale || slope != 0.f) return 0;
       const int n0 = n_lo + j * kBlockN;
       rescale = false;  // where it is not done, the whole softmax sets it
-      return softmax_at_running_max(tile_softmax(n0, false),
+      return softmax_at_running_max<kSkipHalf>(tile_softmax(n0, false),
                                     (n0 < full_lo) | (n0 + kBlockN > full_hi), sc, m, l, wg);
     }
   };
