@@ -766,13 +766,15 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   // rows sees a key there (TileSoftmax::warp_sees_first_half): a causal block's diagonal
   // tile in the first warpgroup, with 192-row blocks also the next tile in the third.
   // Where three consumer warpgroups share the exponential unit and the tensor cores
-  // (128-key tiles): 16-bit d64's m192 kernels and fp8 d128. H100, same run, best of 3
-  // against main: bf16 d64 causal S = 1024 / 2048 / 4096 / 16384 +1.9 / +2.9 / +2.8 /
-  // +1.9 %, fp8 d128 causal 512 / 1024 / 2048 +2.1 / +0.4 / +2.2 % (a full S = 1024 row,
-  // no masked tile, also +1.9 %: part of it is the recompiled kernel's code); not fp8 d64
-  // (causal 512 / 1024 -4.4 / -0.8 %) nor ping-pong's two warpgroups (16-bit d64 causal up
-  // to 512 rows, d128; best of 2: d64 causal 512 -6.5 %, d128 causal 512 / 1024 -4.1 /
-  // -2.7 %, varlen -3.1 %). docs/benchmarks.md, 2026-11-27 (35).
+  // (128-key tiles): 16-bit d64's m192 kernels and fp8 d128. H100, against main, best of 3
+  // and 4 rounds in two runs: bf16 d64 causal S = 1024 / 2048 / 4096 / 16384 +1.9..+2.4 /
+  // +2.9 / +2.8..+3.8 / +1.9 %, fp8 d128 causal 512 / 1024 / 2048 +1.8..+2.1 / +0.4 /
+  // +2.2..+3.1 %; but rows without a masked tile gained about as much (bf16 d64 full 1024
+  // / 4096 +1.9..+2.2 / +3.0 %, fp8 d128 full 2048 +1.8 %), so most of it is the machine
+  // code ptxas made of these kernels with the branch, not the exponentials skipped. Not
+  // fp8 d64 (causal 512 / 1024 -4.4 / -0.8 %) nor ping-pong's two warpgroups (16-bit d64
+  // causal up to 512 rows, d128; best of 2: d64 causal 512 -6.5 %, d128 causal 512 / 1024
+  // -4.1 / -2.7 %, varlen -3.1 %). docs/benchmarks.md, 2026-11-27 (35).
   constexpr bool kSkipHalf = kBlockN == 128 && kWgs == 3 && (kFp8 ? D == 128 : D == 64);
   auto softmax = [&](int j, bool present) {
     const int n0 = n_lo + j * kBlockN;
