@@ -257,9 +257,8 @@ struct TileSoftmax {
   }
 
   // Row (mt, hf)'s exponentials exp2(x exp_mul - m) in place, and their sum; kMask: keys
-  // outside [lo, hi) (visible) are 0.
-  // Only the first kKeep n8 tiles' exponentials (the rest 0, their terms left out of the
-  // sum, which adds the same terms in the same order but for those zeros).
+  // outside [lo, hi) (visible) are 0. kKeep > 0: only the first kKeep n8 tiles' (the rest
+  // 0 and left out of the sum, which otherwise adds the same terms in the same order).
   template <bool kMask, int kKeep = 0, int kMT, int kNT>
   __device__ __forceinline__ float row_exps(float (&sc)[kMT][kNT][4], int mt, int hf, float m,
                                             int lo = 0, int hi = 0) const {
@@ -295,8 +294,8 @@ struct TileSoftmax {
   __device__ __forceinline__ bool exps_at_max(float (&sc)[kMT][kNT][4], const float (&m)[kMT][2],
                                               float (&sum)[kMT][2]) const {
     constexpr int kBlockN = kNT * 8;
-    if (kMask && kSkip && warp_sees_first_half<kMT, kBlockN>()) {
-      return exps_in_rows<kMask, kNT / 2>(sc, m, sum);
+    if constexpr (kMask && kSkip) {
+      if (warp_sees_first_half<kMT, kBlockN>()) return exps_in_rows<kMask, kNT / 2>(sc, m, sum);
     }
     return exps_in_rows<kMask, 0>(sc, m, sum);
   }
@@ -471,11 +470,10 @@ struct TileSoftmax {
         for (int hf = 0; hf < 2; ++hf) l[mt][hf] *= corr[mt][hf];
       }
     }
-    if (kMask && kSkip && warp_sees_first_half<kMT, kBlockN>()) {
-      add_exps<kNT / 2>(sc, m_use, l);
-    } else {
-      add_exps<0>(sc, m_use, l);
+    if constexpr (kMask && kSkip) {
+      if (warp_sees_first_half<kMT, kBlockN>()) return add_exps<kNT / 2>(sc, m_use, l);
     }
+    add_exps<0>(sc, m_use, l);
   }
 
   // run_with's exponentials against m_use (row_exps, the first kKeep n8 tiles, 0: all),
