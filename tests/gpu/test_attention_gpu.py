@@ -424,21 +424,23 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
     ref.assert_attention_close(out, exp_out, "fp8_p" if fp8 else dtype, lse, exp_lse)
 
 
-@pytest.mark.parametrize("offset", [0, 64, -64, 21])
+@pytest.mark.parametrize("offset", [0, 1, 64, -64, 21])
 @pytest.mark.parametrize("dtype,head_dim", [("bfloat16", 64), ("bfloat16", 128),
                                             ("float8_e4m3fn", 64), ("float8_e4m3fn", 128),
                                             ("float8_e4m3fn", 256)])
 def test_flash_forward_sm90_causal_diagonals(gpu_device, sm90_grid, rng, mk, monkeypatch,
                                             dtype, head_dim, offset):
-    """The Hopper forward on causal rows whose last key tile a consumer warpgroup sees
-    only part of: Lk = Lq (a block's first 64 rows see the diagonal tile's first half),
-    Lk = Lq + 64 (one warpgroup sees none of its block's last tile, the other half of
-    it), Lk = Lq - 64 (a sequence's first rows see no key), an odd offset; sequences
-    ending inside a tile's first and second halves, one of a single tile. A warpgroup
-    passes the tiles none of its rows sees at d64 (three warpgroups past 512 rows;
-    fwd_sm90.cuh, warpgroup_tiles) and at fp8 (three warpgroups, 192-row blocks; in the
-    walk each warpgroup's tile count comes from the item's record, fwd_sm90_walk.cuh).
-    Against the float64 reference, lse included."""
+    """The Hopper forward on causal rows whose last key tile a consumer warpgroup sees only
+    part of: Lk = Lq (a block's first 64 rows see the diagonal tile's first half), Lk =
+    Lq + 64 (one warpgroup sees none of its block's last tile, the other half of it), Lk
+    = Lq - 64 (a sequence's first rows see no key), Lk = Lq + 1 (the first warpgroup's
+    last row sees one key of the diagonal tile's second half, which a warp that skips
+    that half's exponentials would lose: TileSoftmax::warp_sees_first_half), an odd
+    offset; sequences ending inside a tile's first and second halves, one of a single
+    tile. A warpgroup passes the tiles none of its rows sees at d64 (three warpgroups
+    past 512 rows; fwd_sm90.cuh, warpgroup_tiles) and at fp8 (three warpgroups, 192-row
+    blocks; in the walk each warpgroup's tile count comes from the item's record,
+    fwd_sm90_walk.cuh). Against the float64 reference, lse included."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
