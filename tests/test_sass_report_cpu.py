@@ -70,3 +70,16 @@ def test_local_in_gmma_span_counts_spills_between_products():
 
 def test_ptxas_info():
     assert sr.ptxas_info(PTXAS) == {"kern_a": (255, 40, 64), "kern_b": (96, 0, 0)}
+
+
+def test_against_marks_same_changed_and_new_kernels():
+    before = sr.kernels_of(SASS)
+    # the same kernel printed with other spacing (another build's column widths) is "="
+    respaced = {name: ["  ".join(x.split()) for x in ins] for name, ins in before.items()}
+    assert sr.against_mark("kern_a", respaced["kern_a"], before) == "="
+    changed = list(before["kern_a"])
+    changed[2] = "MUFU.RCP R3, R3"
+    assert sr.against_mark("kern_a", changed, before) == "~"
+    assert sr.against_mark("kern_b", before["kern_b"][:1], before) == "~"  # one fewer
+    assert sr.against_mark("kern_c", before["kern_b"], before) == "+"
+    assert sr.against_mark("kern_a", before["kern_a"], None) == ""

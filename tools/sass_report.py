@@ -1,12 +1,17 @@
 """Static SASS report of one kernel module, without a GPU: what ptxas made of it.
 
   python tools/sass_report.py flash_fwd_sm80 [--ptx-arch 80] [--sm 90] [--kernel bf16_d128]
+      [--dump now.sass] [--against before.sass]
 
 The module is compiled as the build compiles it (NVRTC to PTX for --ptx-arch, ptxas to a
 cubin for --sm), then disassembled. Per kernel it prints: registers and spill bytes (ptxas
 -v), SASS instructions, HMMA, the HMMA whose A or B operand an LDSM wrote fewer than
 --near instructions earlier (such an mma stalls on shared memory), wgmma (GMMA), MUFU, local-memory
 loads and stores (all, and those between the first and last wgmma), and block barriers.
+With --against (a --dump of an earlier build, e.g. of main before a change), also whether
+each kernel's machine code is the same as there: "=" the same instructions, "~" changed,
+"+" not in that dump. A change meant for some kernels should leave the others "=", and a
+timing taken before a comment-only edit still holds where every kernel is "=".
 
 Why this check exists: on 2026-11-23, ncu on an H100 traced most of the sm80 forward's
 gap to FA2 to two things, both visible in the SASS without a GPU. The S = Q K^T mma waited
@@ -121,6 +126,22 @@ def near_hmma(instructions: list[str], near: int) -> int:
     return count
 
 
+def same_code(a: list[str], b: list[str]) -> bool:
+    """Whether two kernels' instructions are the same, whitespace aside (branch targets are
+    offsets within the kernel, so moved code shows)."""
+    return len(a) == len(b) and all(x.split() == y.split() for x, y in zip(a, b))
+
+
+def against_mark(name: str, ins: list[str], before: dict[str, list[str]] | None) -> str:
+    """"=" where `before` (kernels_of an earlier dump) has the kernel with the same code,
+    "~" where its code differs, "+" where it has no such kernel; "" without a dump."""
+    if before is None:
+        return ""
+    if name not in before:
+        return "+"
+    return "=" if same_code(ins, before[name]) else "~"
+
+
 def ptxas_info(log: str) -> dict[str, tuple[int, int, int]]:
     """Kernel name -> (registers, spill store bytes, spill load bytes) from ptxas -v."""
     info, name, spill = {}, None, (0, 0)
@@ -144,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--near", type=int, default=6, help="LDSM-to-HMMA distance (default 6)")
     parser.add_argument("--dump", help="also write the whole SASS (cuobjdump -sass) to this file, "
                         "e.g. to find a sanitizer's kernel+offset")
+    parser.add_argument("--against", help="a --dump of an earlier build: mark each kernel "
+                        "= (same machine code), ~ (changed) or + (new)")
     args = parser.parse_args(argv)
+    before = (kernels_of(pathlib.Path(args.against).read_text()) if args.against else None)
 
     modules = {m.name: m for m in bk.vt.MODULES}
     if args.module not in modules:
@@ -166,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     info = ptxas_info(log.stdout + log.stderr)
     print(f"{args.module}: compute_{args.ptx_arch} PTX -> sm_{args.sm}")
     print(f"{'kernel':44} {'regs':>4} {'spill st/ld':>11} {'instr':>6} {'HMMA':>5} "
-          f"{'near':>5} {'GMMA':>5} {'MUFU':>5} {'LDL/STL':>7} {'@GMMA':>5} {'BAR':>4}")
+          f"{'near':>5} {'GMMA':>5} {'MUFU':>5} {'LDL/STL':>7} {'@GMMA':>5} {'BAR':>4}"
+          + ("  vs" if before is not None else ""))
     for name, ins in sorted(kernels_of(sass).items()):
         if not re.search(args.kernel, name):
             continue
@@ -175,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:44} {regs:4} {f'{st}/{ld}':>11} {len(ins):6} {ops.count('HMMA'):5} "
               f"{near_hmma(ins, args.near):5} {count_gmma(ops):5} {ops.count('MUFU'):5} "
               f"{ops.count('LDL') + ops.count('STL'):7} {local_in_gmma_span(ops):5} "
-              f"{ops.count('BAR'):4}")
+              f"{ops.count('BAR'):4}" + (f"   {against_mark(name, ins, before)}"
+                                         if before is not None else ""))
     return 0
 
 
