@@ -237,23 +237,28 @@ struct TileSoftmax {
   template <int kBlockN>
   __device__ __forceinline__ void visible(int mt, int hf, int* lo, int* hi) const {
     const int64_t pos = pos0 + mt * kWarps * 16 + 8 * hf;
-    *hi = min(n_hi - n0, kBlockN);
-    if (win.right >= 0) *hi = int(clamp64(pos + win.right + 1 - n0, 0, *hi));
+    *hi = visible_end<kBlockN>(pos);
     *lo = win.left >= 0 ? int(clamp64(pos - win.left - n0, 0, kBlockN)) : 0;
     *lo -= 2 * t;
     *hi -= 2 * t;
   }
 
+  // The end of row pos's visible keys in the tile, relative to n0 (0 .. kBlockN): the
+  // key range's end, or the window's right edge before it.
+  template <int kBlockN>
+  __device__ __forceinline__ int visible_end(int64_t pos) const {
+    const int hi = min(n_hi - n0, kBlockN);
+    return win.right >= 0 ? int(clamp64(pos + win.right + 1 - n0, 0, hi)) : hi;
+  }
+
   // Whether no row of this lane's warp sees a key in the tile's second half (the warp's
-  // last row's visible() end, the same in every lane), so that a masked tile's
+  // last row's visible_end, the same in every lane), so that a masked tile's
   // exponentials skip that half behind one branch the warp takes as one: on a causal
   // block's diagonal tile (128 rows over 128 keys) the first warpgroup's four warps.
   template <int kMT, int kBlockN>
   __device__ __forceinline__ bool warp_sees_first_half() const {
     const int64_t last = pos0 - ((threadIdx.x & 31) >> 2) + (kMT - 1) * kWarps * 16 + 15;
-    int hi = min(n_hi - n0, kBlockN);
-    if (win.right >= 0) hi = int(clamp64(last + win.right + 1 - n0, 0, hi));
-    return hi <= kBlockN / 2;
+    return visible_end<kBlockN>(last) <= kBlockN / 2;
   }
 
   // Row (mt, hf)'s exponentials exp2(x exp_mul - m) in place, and their sum; kMask: keys
