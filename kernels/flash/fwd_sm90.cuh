@@ -60,7 +60,11 @@ namespace flash_sm90 {
 // last rows, whose neighbours belong to the next one, or out not 16-byte aligned) every
 // thread copies 16-byte chunks of its rows. The threads' copy loop was 11 % of the d128
 // walk's warp samples at S = 512 (ncu, H100: 30 instructions a chunk, 8 chunks a thread).
-template <typename T, int D, int kBlockM>
+// kWaitRead = false (sm90_tiles.h, defers_o_store_read): the copying thread does not wait
+// for the copy engine's read here; the walk waits for it in the next item, behind that
+// item's first product, before it hands the buffer back (fwd_sm90_walk.cuh,
+// settle_o_store).
+template <typename T, int D, int kBlockM, bool kWaitRead = true>
 __device__ __forceinline__ void write_o_rows(const Args& a, uint32_t sQ, int row0, int m0,
                                              const Sequence& s, int h, int hd, int wt, int wg) {
   constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;
@@ -76,7 +80,7 @@ __device__ __forceinline__ void write_o_rows(const Args& a, uint32_t sQ, int row
                            h, int(s.q_start + m0 + row0));
       }
       sm90::bulk_commit();
-      sm90::bulk_wait<0, /*kRead=*/true>();
+      if constexpr (kWaitRead) sm90::bulk_wait<0, /*kRead=*/true>();
     }
     return;
   }
@@ -639,15 +643,17 @@ struct ConsumerSmem {
 // block, the consumers wait for Q here (q_full) and warpgroup 1 makes its first hand-over
 // here; the walk waits for each item's Q before and makes that hand-over once, before the
 // walk. own_tiles (the walk, where warpgroups pass tiles): the warpgroup's tiles from the
-// item's record.
+// item's record. settle_o_store(): run once, behind the item's first product (before the
+// epilogue where there is none), where the walk waits for the previous item's O store
+// (sm90_tiles.h, defers_o_store_read); one item a block passes a no-op.
 template <typename T, int D, int kWgs, bool kPaged, bool kWalk, bool kVtGiven, typename Bar,
-          typename Parity, typename MyTurn, typename TheirTurn>
+          typename Parity, typename MyTurn, typename TheirTurn, typename Settle>
 __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk, int n_lo,
                                              int n_hi, int tiles, const KeyRows& keys,
                                              const ConsumerSmem& sm, uint32_t q_full, int g0,
                                              int own_tiles, const ConsumerThread& th, Bar&& bar,
                                              Parity&& parity, MyTurn&& my_turn,
-                                             TheirTurn&& their_turn) {
+                                             TheirTurn&& their_turn, Settle&& settle_o_store) {
   // the kernels' tile shapes and rings (FwdBlockTiles, above)
   using Tiles = FwdBlockTiles<T, D, kWgs, kVtGiven>;
   constexpr int kBlockN = Tiles::kBlockN, kBlockM = Tiles::kBlockM;
@@ -921,6 +927,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       my_turn();
       issue_s(0);
       hand_over();
+      settle_o_store();  // the previous item's O store read, behind S_0's product
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(s_flat);
       release(kEmptyK, g0 % kKRing);
@@ -985,9 +992,14 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
     }
   }
 
-  // Epilogue (finish_rows), then O written out (write_o_rows).
+  // Epilogue (finish_rows), then O written out (write_o_rows); the previous item's O
+  // store read waited for first where no product of this item's did.
+  if (!kOverlap || wg_tiles <= 0) settle_o_store();
   finish_rows<T, D, kBlockM>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
-  if constexpr (!kFp8) write_o_rows<T, D, kBlockM>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
+  if constexpr (!kFp8) {
+    constexpr bool kWaitRead = !defers_o_store_read(kWgs, kEB, D, kWalk);
+    write_o_rows<T, D, kBlockM, kWaitRead>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
+  }
 }
 
 }  // namespace flash_sm90
@@ -1092,7 +1104,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         a, blk, n_lo, n_hi, tiles, keys,
         ConsumerSmem{sm.sQ, sm.sK, sm.sV, sm.sVt, sm.warp_valid}, q_full, /*g0=*/0,
         /*own_tiles=*/0, ConsumerThread{ct, lane, wg, row0, warp, g, t}, bar, parity, my_turn,
-        their_turn);
+        their_turn, [] {});
   }
 }
 

@@ -277,10 +277,24 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     };
     if (wg == kWgs - 1) their_turn();
 
+    // The copying thread of a ping-pong warpgroup (write_o_rows) leaves its item's O
+    // store in flight: it waits for the copy engine's read of the Q buffer, and only then
+    // hands the buffer back (its q_empty arrival), in the next item once that item's first
+    // product is issued (consume_item: before its epilogue where it issues none; past the
+    // walk, before the block exits), so that the wait no longer holds its warp, and with
+    // it the warpgroup's next products, at the item boundary (sm90_tiles.h,
+    // defers_o_store_read). Once for every item after the first: item qi - 1's buffer.
+    const bool store_thread = defers_o_store_read(kWgs, kEB, D, true) && ct % 128 == 0;
+    auto settle_o_store = [&](int qi) {
+      if (store_thread && qi > 0) {
+        sm90::bulk_wait<0, /*kRead=*/true>();
+        sm90::mbar_arrive(q_empty((qi - 1) % kQBufs));
+      }
+    };
     // Item blk's rows, its Q in buffer qb, its first tile the walk's g0-th (own_tiles: its
     // warpgroup's tiles from the item's record, where warpgroups pass tiles); returns its
     // tiles.
-    auto consume = [&](const FwdBlock& blk, int qb, int g0, int own_tiles) {
+    auto consume = [&](const FwdBlock& blk, int qi, int qb, int g0, int own_tiles) {
       const KeyTiles kt = key_tiles(blk);
       // The thread's indices, made anew each item (opaque to ptxas): else it computes the
       // addresses made from them once before the walk and holds them across the tile loop
@@ -296,7 +310,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           ConsumerSmem{sm.sQ + qb * Tiles::kQBytes, sm.sK, sm.sV, sm.sVt, sm.warp_valid},
           /*q_full=*/0u, g0,
           own_tiles, ConsumerThread{tid, lane, wg, row0, warp_id % 4, ln / 4, ln % 4}, bar,
-          parity, my_turn, their_turn);
+          parity, my_turn, their_turn, [&] { settle_o_store(qi); });
       return kt.tiles;
     };
     FwdBlock blk;
@@ -307,7 +321,10 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       // read by every lane, made warp-uniform (as blockIdx is: the stage indices and
       // descriptors made from it stay uniform)
       const int item = sm90::warp_uniform(item_of(qb));
-      if (item < 0) break;
+      if (item < 0) {
+        settle_o_store(qi);  // the block's shared memory outlives the copy engine's read
+        break;
+      }
       // an item handed over has rows to compute (located by the producer: its record)
       // unless it is the padding rows', which locate zeroes
       const bool work = is_padding(item) ? locate(item, blk, ct, kConsumers)
@@ -315,12 +332,14 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       if (work) {
         const int own_tiles =
             kPassesTiles ? sm90::warp_uniform(wg_tiles_of(qi)[wg]) : 0;
-        g0 = sm90::warp_uniform(g0 + consume(blk, qb, g0, own_tiles));
+        g0 = sm90::warp_uniform(g0 + consume(blk, qi, qb, g0, own_tiles));
         // this warp's staging stores ordered before the copy engine's next writes to
         // the buffer (the async proxy)
         sm90::fence_proxy_async_shared();
       }
-      sm90::mbar_arrive(q_empty(qb));  // the Q buffer (and slot) back to the producer
+      if (!work) settle_o_store(qi);  // (else consume_item did)
+      // the Q buffer (and slot) back to the producer; the copying thread's in the next item
+      if (!store_thread) sm90::mbar_arrive(q_empty(qb));
     }
     if (wg == 0) my_turn();  // the last warpgroup's last hand-over
   }

@@ -172,6 +172,19 @@ XLA_ATTN_HOST_DEVICE constexpr bool turn_ring(int wgs, int eb, int d, bool walk,
   return wgs == 3 && (eb == 2 || !overlaps_products(wgs, eb, d, walk, paged));
 }
 
+// The walk's copying thread of a warpgroup waits for the copy engine's read of its O
+// rows (fwd_sm90.cuh, write_o_rows) in the next item, behind that item's first product,
+// rather than at the item's end, where the wait held its warp and so the warpgroup's
+// next products (fwd_sm90_walk.cuh, settle_o_store). H100, same run, best of 3 rounds,
+// against waiting at the item's end: 16-bit d128 (ping-pong) full S = 512 / 1024 / 4096
+// +2.4 / +3.3 / +2.7 %, causal 512 / 1024 +1.4 / +1.8 %, varlen +1.2 %; not d64, whose
+// 64-row O is half d128's: ping-pong's causal S = 512 -0.8 %, and its three warpgroups'
+// walk (160 registers) spilled 12 bytes more with it, full S = 512 -6.1 %. fp8 stores O
+// from registers. docs/benchmarks.md, 2026-11-28 (36).
+XLA_ATTN_HOST_DEVICE constexpr bool defers_o_store_read(int wgs, int eb, int d, bool walk) {
+  return walk && ping_pong(wgs, eb, d) && d == 128;
+}
+
 // K/V tiles in flight: the producer fills stage j + 1 while tile j is computed. fp8 (half
 // the bytes a tile, twice the product rate) rings K and the copied V through 4 stages and
 // its V^T tiles through 3, so that copies and transposes run further ahead of products
