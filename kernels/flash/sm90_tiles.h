@@ -175,11 +175,12 @@ XLA_ATTN_HOST_DEVICE constexpr bool turn_ring(int wgs, int eb, int d, bool walk,
 // The walk's copying thread of a warpgroup waits for the copy engine's read of its O
 // rows (fwd_sm90.cuh, write_o_rows) in the next item, behind that item's first product,
 // rather than at the item's end, where the wait held its warp and so the warpgroup's
-// next products (fwd_sm90_walk.cuh, settle_o_store). H100, same run, best of 3 rounds,
-// against waiting at the item's end: 16-bit d128 (ping-pong) full S = 512 / 1024 / 4096
-// +2.4 / +3.3 / +2.7 %, causal 512 / 1024 +1.4 / +1.8 %, varlen +1.2 %; not d64, whose
-// 64-row O is half d128's: ping-pong's causal S = 512 -0.8 %, and its three warpgroups'
-// walk (160 registers) spilled 12 bytes more with it, full S = 512 -6.1 %. fp8 stores O
+// next products (fwd_sm90_walk.cuh, settle_o_store). H100, same run, medians of 3 rounds,
+// against waiting at the item's end: 16-bit d128 (ping-pong) full S = 512 / 1024 +2.3 /
+// +2.7 %, causal 512 +1.6 %, varlen +2.1 % (long causal rows, on a noisier machine,
+// within an unchanged control's spread: -0.7 .. -1.9 % at 4096 .. 16384); not d64, whose
+// 64-row O is half d128's: ping-pong's causal S = 512 -1.2 %, and its three warpgroups'
+// walk (160 registers) spilled 12 bytes more with it, full S = 512 -5.8 %. fp8 stores O
 // from registers. docs/benchmarks.md, 2026-11-28 (36).
 XLA_ATTN_HOST_DEVICE constexpr bool defers_o_store_read(int wgs, int eb, int d, bool walk) {
   return walk && ping_pong(wgs, eb, d) && d == 128;
