@@ -45,8 +45,25 @@ def test_table_takes_the_best_round_and_ratios_to_the_first():
     rounds = {"a": [{"bf16 d128 S512 full": (400.0, 2e-3)}, {"bf16 d128 S512 full": (410.0, 2e-3)}],
               "b": [{"bf16 d128 S512 full": (451.0, 2e-3)}, {}]}
     out = ab.table(["a", "b"], rounds).splitlines()
-    assert " 410 " in out[1] and " 451 " in out[1] and out[1].endswith("1.100")
+    assert " 410 " in out[1] and " 451 " in out[1]
+    # best 451 / 410, median 451 / 405; a's rounds 2.4 % apart, b's one round none
+    assert out[1].endswith("1.100; 1.114  2.4 0.0")
     assert math.isclose(451.0 / 410.0, 1.1, rel_tol=1e-3)
+
+
+def test_table_medians_show_a_best_round_that_stands_alone():
+    """One fast round of five (a noisy machine's high mode) makes the best-of ratio; the
+    median ratio and the spread say it is noise."""
+    key = "bf16 d128 S4096 causal"
+    rounds = {"base": [{key: (t, 2e-3)} for t in (636.0, 590.0, 582.0, 585.0, 588.0)],
+              "try": [{key: (t, 2e-3)} for t in (590.0, 589.0, 581.0, 586.0, 587.0)]}
+    line = ab.table(["base", "try"], rounds).splitlines()[1]
+    best, rest = line.rsplit(";", 1)
+    assert best.endswith("0.928")
+    med_ratio, spread_base, spread_try = rest.split()
+    assert float(med_ratio) == pytest.approx(587.0 / 588.0, abs=1e-3)
+    assert float(spread_base) == pytest.approx(100 * (1 - 582 / 636), abs=0.05)
+    assert float(spread_try) == pytest.approx(100 * (1 - 581 / 590), abs=0.05)
 
 
 @pytest.mark.parametrize("op", ["fwd", "fwd_bwd"])

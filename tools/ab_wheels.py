@@ -19,8 +19,9 @@ reads K and V from a paged cache of N-row blocks in random order through a block
 Prints TFLOP/s (best of the rounds)
 and, per wheel, the relative error of its output (fwd_bwd: of its worst gradient of q, k
 and v) against jax's own attention in f32 on one batch and two heads (the other
-batches and heads do not enter their gradients), then each wheel's ratio to the first. A
-comparison tool, not a benchmark of record: tools/bench.py is (peers, ceilings, environment).
+batches and heads do not enter their gradients), then each wheel's ratio to the first, of
+the best rounds and of the medians, and each wheel's spread (its slowest round's shortfall
+from its best, %: a ratio inside it is noise). A comparison tool, not a benchmark of record: tools/bench.py is (peers, ceilings, environment).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import itertools
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -183,19 +185,29 @@ def run_wheel(arg: str, configs, op: str, tokens: int,
 
 
 def table(wheels: list[str], rounds: dict[str, list[dict]]) -> str:
-    """Best TFLOP/s of each wheel's rounds (error of its first round), ratios to the first."""
+    """Best TFLOP/s of each wheel's rounds (error of its first round), ratios to the first
+    of the best and of the medians, and each wheel's spread (slowest round below its best).
+    The medians and spreads are for a noisy machine: there, an unchanged kernel's best of 3
+    has moved by 3 % (docs/benchmarks.md, 2026-11-28 (36)), so a best-of ratio inside the
+    spread is no evidence."""
     names = [pathlib.Path(w).name or w for w in wheels]
-    lines = [f"{'config':26}" + "".join(f"{n[:16]:>20}" for n in names) + "   vs first"]
+    lines = [f"{'config':26}" + "".join(f"{n[:16]:>20}" for n in names)
+             + "   vs first (best; median) spread %"]
     keys = [k for r in rounds[wheels[0]] for k in r]
     for key in dict.fromkeys(keys):
-        best, errs = [], []
+        best, med, spread, errs = [], [], [], []
         for w in wheels:
             got = [r[key] for r in rounds[w] if key in r]
-            best.append(max(t for t, _ in got) if got else float("nan"))
+            times = [t for t, _ in got] or [float("nan")]
+            best.append(max(times))
+            med.append(statistics.median(times))
+            spread.append(100.0 * (1.0 - min(times) / max(times)))
             errs.append(got[0][1] if got else float("nan"))
         cells = "".join(f"{t:11.4g} ({e:.0e})" for t, e in zip(best, errs))
         ratios = " ".join(f"{t / best[0]:.3f}" for t in best[1:])
-        lines.append(f"{key:26}{cells}  {ratios}")
+        med_ratios = " ".join(f"{t / med[0]:.3f}" for t in med[1:])
+        spreads = " ".join(f"{x:.1f}" for x in spread)
+        lines.append(f"{key:26}{cells}  {ratios}; {med_ratios}  {spreads}")
     return "\n".join(lines)
 
 
