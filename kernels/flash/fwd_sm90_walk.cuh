@@ -277,14 +277,21 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     };
     if (wg == kWgs - 1) their_turn();
 
-    // The copying thread of a ping-pong warpgroup (write_o_rows) leaves its item's O
-    // store in flight: it waits for the copy engine's read of the Q buffer, and only then
-    // hands the buffer back (its q_empty arrival), in the next item once that item's first
-    // product is issued (consume_item: before its epilogue where it issues none; past the
-    // walk, before the block exits), so that the wait no longer holds its warp, and with
-    // it the warpgroup's next products, at the item boundary (sm90_tiles.h,
-    // defers_o_store_read). Once for every item after the first: item qi - 1's buffer.
-    const bool store_thread = defers_o_store_read(kWgs, kEB, D, true) && ct % 128 == 0;
+    // Where sm90_tiles.h's defers_o_store_read says so (the d128 walk), each warpgroup's
+    // copying thread (write_o_rows) leaves its item's O store in flight: it waits for the
+    // copy engine's read of the Q buffer, and only then hands the buffer back (its q_empty
+    // arrival), in the next item once that item's first product is issued (consume_item:
+    // before its epilogue where it issues none; past the walk, before the block exits),
+    // so that the wait no longer holds its warp, and with it the warpgroup's next
+    // products, at the item boundary. Once for every item after the first: item qi - 1's
+    // buffer, which the producer needs back only for item qi + 1's Q, copied after every
+    // K / V tile of item qi (so a second Q buffer is what keeps this from waiting on
+    // itself).
+    constexpr bool kDefersStoreRead = defers_o_store_read(kWgs, kEB, D, true);
+    static_assert(!kDefersStoreRead || kQBufs >= 2,
+                  "the O store's read is waited for in the next item, whose Q needs its own "
+                  "buffer");
+    const bool store_thread = kDefersStoreRead && ct % 128 == 0;
     auto settle_o_store = [&](int qi) {
       if (store_thread && qi > 0) {
         sm90::bulk_wait<0, /*kRead=*/true>();
