@@ -99,7 +99,8 @@ def test_time_limit_stops_before_a_process_that_would_overrun(monkeypatch, tmp_p
     assert ab.main(["a", "b", "--rounds", "3", "--time-limit", "330", "--configs",
                     "bf16:128:512", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    assert "stopped before round 2 of b" in out and out.rstrip().endswith("1.100")
+    assert "stopped before round 2 of b" in out
+    assert out.rstrip().endswith("1.100; 1.100  0.0 0.0")
     assert [len(r) for r in json.loads(out_json.read_text()).values()] == [2, 1]
 
 
