@@ -90,7 +90,7 @@ def test_time_limit_stops_before_a_process_that_would_overrun(monkeypatch, tmp_p
     clock = [0.0]
     monkeypatch.setattr(ab.time, "monotonic", lambda: clock[0])
 
-    def fake_run(w, configs, op, tokens, timeout):
+    def fake_run(w, configs, op, tokens, timeout, ncu):
         clock[0] += 100.0
         return {"bf16 d128 S512 full": (400.0 if w == "a" else 440.0, 2e-3)}
 
@@ -111,3 +111,71 @@ def test_a_process_past_its_timeout_is_killed_and_its_round_fails(capsys):
                        dict(os.environ), "a hanging wheel", timeout=2.0)
     assert got == {}
     assert "a hanging wheel killed after 2 s" in capsys.readouterr().err
+
+
+NCU_LOG = """==PROF== Connected to process 2546 (/usr/bin/python3.12)
+==PROF== Disconnected from process 2546
+"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"
+"1","2546","xla_attn_flash_fwd_sm90_bf16_d128_walk","gpu__time_duration.sum","ns","977,280"
+"0","2546","xla_attn_flash_fwd_sm90_bf16_d128_walk","gpu__time_duration.sum","ns","975,136"
+"0","2546","xla_attn_flash_fwd_sm90_bf16_d128_walk","sm__cycles_elapsed.max","cycle","1,234"
+"2","2546","xla_attn_flash_fwd_sm90_vt_pack_f8e4m3","gpu__time_duration.sum","us","1.5"
+"""
+
+
+def test_ncu_log_gives_each_launch_in_order_in_seconds():
+    """--ncu: ncu's CSV log (its own lines first, thousands separators, the unit beside
+    each value), launches sorted by ID, other metrics left out."""
+    got = ab.ncu_launch_seconds(NCU_LOG)
+    assert got == pytest.approx([975136e-9, 977280e-9, 1.5e-6])
+    with pytest.raises(ValueError, match="no ncu CSV header"):
+        ab.ncu_launch_seconds("==PROF== Connected\n")
+    with pytest.raises(ValueError, match="'furlong'"):
+        ab.ncu_launch_seconds(NCU_LOG.replace('"us"', '"furlong"'))
+
+
+def test_call_seconds_sum_each_calls_kernels_and_drop_the_first():
+    # 3 calls of 2 kernels each: (10 + 1), (20 + 2), (30 + 3); the first is the warm-up
+    assert ab.call_seconds([10.0, 1.0, 20.0, 2.0, 30.0, 3.0], 3) == [22.0, 33.0]
+    with pytest.raises(ValueError, match="5 kernel launches"):
+        ab.call_seconds([1.0] * 5, 3)
+    with pytest.raises(ValueError, match="0 kernel launches"):
+        ab.call_seconds([], 3)
+
+
+def test_ncu_mode_times_each_config_by_its_kernels(tmp_path, monkeypatch):
+    """--ncu end to end on the installed package (host path), with a stand-in for ncu
+    that runs the program and logs NCU_CALLS launches of 1 ms: each config's figure is
+    its FLOPs over 1 ms, and each config ran in a process of its own."""
+    pytest.importorskip("jax")
+    sys.path.insert(0, str(pathlib.Path(ab.__file__).parent))
+    from bench import varlen_flops
+    fake = tmp_path / "bin" / "ncu"
+    fake.parent.mkdir()
+    rows = "".join(f'echo \'"{i}","xla_attn_k","{ab.NCU_METRIC}","ns","1,000,000"\'\n'
+                   for i in range(ab.NCU_CALLS))
+    fake.write_text("#!/bin/sh\n"
+                    'while [ "$1" != "--log-file" ]; do shift; done\n'
+                    'log=$2; shift 2\n"$@" || exit $?\n'
+                    'echo "ran" >> "$log.runs"\n'
+                    "{ echo '==PROF== Disconnected'\n"
+                    "echo '\"ID\",\"Kernel Name\",\"Metric Name\",\"Metric Unit\",\"Metric Value\"'\n"
+                    + rows + '} > "$log"\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    configs = ab.parse_configs("bf16:64:64:causal,bf16:128:128", 256)
+    got = ab.run_under_ncu(configs, "fwd", 256, env, "the installed package", 120.0, tmp_path)
+    assert set(got) == {"bf16 d64 S64 causal", "bf16 d128 S128 full"}
+    assert got["bf16 d64 S64 causal"][0] == pytest.approx(
+        varlen_flops([64] * 4, 32, 64, True, False) / 1e-3 / 1e12)
+    assert got["bf16 d128 S128 full"][0] == pytest.approx(
+        varlen_flops([128] * 2, 16, 128, False, False) / 1e-3 / 1e12)
+    assert all(0 < err < 2e-2 for _, err in got.values())
+    assert (tmp_path / "ncu.csv.runs").read_text().split() == ["ran", "ran"]
+
+
+def test_ncu_mode_needs_ncu(monkeypatch, capsys):
+    monkeypatch.setattr(ab.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit):
+        ab.main(["a", "--ncu"])
+    assert "ncu is not on PATH" in capsys.readouterr().err

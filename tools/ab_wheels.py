@@ -5,7 +5,7 @@ between the wheels so that clock drift falls on all of them alike.
 
   python3 tools/ab_wheels.py dist/base dist/try1 dist/try2 [--configs bf16:128:512:causal,...]
       [--op fwd|fwd_bwd] [--rounds 2] [--tokens 16384] [--json out.json] [--time-limit S]
-      [--wheel-timeout S]
+      [--wheel-timeout S] [--ncu]
 
 A wheel argument is a .whl file or a folder holding one; a folder may hold an env.json
 whose variables its process gets (e.g. {"XLA_ATTN_SM90_BLOCKS": "132"} to time the same
@@ -22,14 +22,24 @@ and v) against jax's own attention in f32 on one batch and two heads (the other
 batches and heads do not enter their gradients), then each wheel's ratio to the first, of
 the best rounds and of the medians, and each wheel's spread (its slowest round's shortfall
 from its best, %: a ratio inside it is noise). A comparison tool, not a benchmark of record: tools/bench.py is (peers, ceilings, environment).
+
+--ncu: the time is our kernels' own, at the GPU's base clock, rather than the wall time of
+calls at whatever clock the GPU boosts to: each config of each wheel runs in its own
+process under Nsight Compute (`ncu --clock-control base`, metric gpu__time_duration, our
+kernels only), which times NCU_CALLS calls; a call's time is the sum of its kernels', and
+the figure the median of the calls after the first. On the noisy H100s of
+docs/benchmarks.md section (37), calls of one process read within 0.3 % of each other
+this way, processes within about 2.5 %, where boosted wall-clock rounds spread 5-10 %.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,11 +47,18 @@ import tempfile
 import time
 
 VARLEN_SEQS = 16  # the varlen row's sequences, as tools/bench.py's (sizes.varlen["n"])
+# --ncu: calls profiled a config, the first (compile and warm-up) then dropped
+NCU_CALLS = 7
+NCU_METRIC = "gpu__time_duration.sum"
+NCU_SECONDS = {"ns": 1e-9, "nsecond": 1e-9, "us": 1e-6, "usecond": 1e-6, "ms": 1e-3,
+               "msecond": 1e-3, "s": 1.0, "second": 1.0}
 DEFAULT_CONFIGS = ("bf16:64:512:causal,bf16:64:2048,bf16:128:512,bf16:128:512:causal,"
                    "bf16:128:4096,bf16:128:16384:causal,bf16:256:4096,fp8:128:512,fp8:128:8192")
 
-# Runs in the wheel's process: CONFIGS, OP, TOKENS, VARLEN_SEQS and TOOLS (this folder, for
-# tools/bench.py's timing and FLOP count) are prepended.
+# Runs in the wheel's process: CONFIGS, OP, TOKENS, VARLEN_SEQS, CALLS and TOOLS (this
+# folder, for tools/bench.py's timing and FLOP count) are prepended. CALLS (--ncu): the
+# process makes that many calls in all, for ncu to time, and reports each config's FLOPs
+# in place of TFLOP/s.
 CHILD = r'''
 import json, sys
 sys.path.insert(0, TOOLS)
@@ -96,12 +113,18 @@ for dt, d, s, causal, page in CONFIGS:
         want = jax.grad(lambda q, k, v: ref_f(q, k, v).sum(), argnums=(0, 1, 2))(qr, kr, vr)
     err = max(float(jnp.linalg.norm(g[:1, :lens[0], :2].astype(jnp.float32) - w)
                     / jnp.linalg.norm(w)) for g, w in zip(got, want))
-    t = measure(lambda i: fn(*args), jax.block_until_ready, budget_s=0.4, max_samples=7)["s"]
     flops = varlen_flops(lens, h, d, causal, OP == "fwd_bwd")
+    if CALLS:  # the first was the call above; ncu times them
+        for _ in range(CALLS - 1):
+            jax.block_until_ready(fn(*args))
+        value = flops
+    else:
+        t = measure(lambda i: fn(*args), jax.block_until_ready, budget_s=0.4,
+                    max_samples=7)["s"]
+        value = flops / t / 1e12
     name = f"S{s}" if s > 0 else f"varlen{-s}" if s else "varlen"
     name += f" paged{page}" if page else ""
-    res[f"{dt} d{d} {name} {'causal' if causal else 'full'}"] = (
-        flops / t / 1e12, err)
+    res[f"{dt} d{d} {name} {'causal' if causal else 'full'}"] = (value, err)
 print("RESULT " + json.dumps(res))
 '''
 
@@ -148,20 +171,21 @@ def wheel_file(arg: str) -> tuple[pathlib.Path, dict[str, str]]:
     return path, (json.loads(env_file.read_text()) if env_file.exists() else {})
 
 
-def child_code(configs, op: str, tokens: int) -> str:
+def child_code(configs, op: str, tokens: int, calls: int = 0) -> str:
     """The program a wheel's process runs (CHILD with its inputs prepended)."""
     return (f"CONFIGS = {configs!r}\nOP = {op!r}\nTOKENS = {tokens}\n"
-            f"VARLEN_SEQS = {VARLEN_SEQS}\n"
+            f"VARLEN_SEQS = {VARLEN_SEQS}\nCALLS = {calls}\n"
             f"TOOLS = {str(pathlib.Path(__file__).resolve().parent)!r}\n" + CHILD)
 
 
-def run_child(code: str, env: dict[str, str], label: str,
-              timeout: float | None = None) -> dict[str, tuple[float, float]]:
-    """Runs child_code's program; its {config: (TFLOP/s, error)}, or {} where it failed or
-    ran past `timeout` seconds (killed: a kernel that never ends holds its process, and
-    without a bound the whole comparison, forever)."""
+def run_child(code: str, env: dict[str, str], label: str, timeout: float | None = None,
+              prefix: tuple[str, ...] = ()) -> dict[str, tuple[float, float]]:
+    """Runs child_code's program (under the command `prefix`, e.g. ncu's); its {config:
+    (TFLOP/s, error)}, or {} where it failed or ran past `timeout` seconds (killed: a
+    kernel that never ends holds its process, and without a bound the whole comparison,
+    forever)."""
     try:
-        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+        run = subprocess.run([*prefix, sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, check=False, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         print(f"ab_wheels: {label} killed after {timeout:g} s (a kernel that never ends?)\n"
@@ -174,14 +198,75 @@ def run_child(code: str, env: dict[str, str], label: str,
     return {}
 
 
-def run_wheel(arg: str, configs, op: str, tokens: int,
-              timeout: float | None = None) -> dict[str, tuple[float, float]]:
+def ncu_launch_seconds(text: str) -> list[float]:
+    """Each profiled launch's NCU_METRIC in seconds, in launch order, from the CSV that
+    `ncu --csv --metrics NCU_METRIC` writes (its own lines before the header skipped)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
+    if start is None:
+        raise ValueError("no ncu CSV header (a line starting \"ID\",) in its log")
+    got = []
+    for row in csv.DictReader(lines[start:]):
+        if row.get("Metric Name") != NCU_METRIC:
+            continue
+        unit = row["Metric Unit"]
+        if unit not in NCU_SECONDS:
+            raise ValueError(f"ncu reported {NCU_METRIC} in {unit!r}, expected one of "
+                             f"{sorted(NCU_SECONDS)}")
+        got.append((int(row["ID"]), float(row["Metric Value"].replace(",", "")) *
+                    NCU_SECONDS[unit]))
+    return [t for _, t in sorted(got)]
+
+
+def call_seconds(launches: list[float], calls: int) -> list[float]:
+    """The time of each call after the first: `launches` split into `calls` runs of as
+    many launches each (a call's kernels, in order), each run summed."""
+    if not launches or len(launches) % calls:
+        raise ValueError(f"{len(launches)} kernel launches profiled, not a multiple of the "
+                         f"{calls} calls made")
+    per = len(launches) // calls
+    return [sum(launches[i:i + per]) for i in range(per, len(launches), per)]
+
+
+def ncu_command(log: str) -> tuple[str, ...]:
+    """ncu timing our kernels (names starting xla_attn) at the base clock, CSV to `log`."""
+    return ("ncu", "--clock-control", "base", "--metrics", NCU_METRIC, "-k", "regex:^xla_attn",
+            "--csv", "--log-file", log)
+
+
+def run_wheel(arg: str, configs, op: str, tokens: int, timeout: float | None = None,
+              ncu: bool = False) -> dict[str, tuple[float, float]]:
     whl, extra_env = wheel_file(arg)
     with tempfile.TemporaryDirectory() as site:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                         "--target", site, str(whl)], check=True, capture_output=True)
         env = dict(os.environ, PYTHONPATH=site, **extra_env)
+        if ncu:
+            return run_under_ncu(configs, op, tokens, env, arg, timeout, pathlib.Path(site))
         return run_child(child_code(configs, op, tokens), env, arg, timeout)
+
+
+def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str,
+                  timeout: float | None, folder: pathlib.Path) -> dict[str, tuple[float, float]]:
+    """--ncu: each config in a process of its own under ncu_command (its log in `folder`),
+    so that the launches profiled are its calls'; {config: (TFLOP/s from the median call's
+    kernel time, error)}, without the configs whose process or profile failed."""
+    res = {}
+    for config in configs:
+        log = folder / "ncu.csv"
+        log.unlink(missing_ok=True)
+        got = run_child(child_code([config], op, tokens, NCU_CALLS), env, label, timeout,
+                        ncu_command(str(log)))
+        if not got:
+            continue
+        try:
+            med = statistics.median(call_seconds(
+                ncu_launch_seconds(log.read_text() if log.exists() else ""), NCU_CALLS))
+        except ValueError as e:
+            print(f"ab_wheels: {label} {config}: {e}", file=sys.stderr, flush=True)
+            continue
+        res.update({k: (flops / med / 1e12, err) for k, (flops, err) in got.items()})
+    return res
 
 
 def table(wheels: list[str], rounds: dict[str, list[dict]]) -> str:
@@ -228,8 +313,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds: a wheel's process still running then is killed and its "
                    "round counts as failed (0: no bound; default 60 + 20 a config, several "
                    "times what a config takes on an H100, so that a kernel that never ends "
-                   "costs minutes: a 600 s bound once held up a whole comparison)")
+                   "costs minutes: a 600 s bound once held up a whole comparison; --ncu: "
+                   "the bound of each config's process)")
+    p.add_argument("--ncu", action="store_true",
+                   help="time our kernels at the GPU's base clock under Nsight Compute "
+                   "(a process a config) rather than calls' wall time")
     args = p.parse_args(argv)
+    if args.ncu and not shutil.which("ncu"):
+        p.error("--ncu: Nsight Compute's ncu is not on PATH")
     try:
         configs = parse_configs(args.configs, args.tokens)
     except ValueError as e:
@@ -248,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.time_limit:g} s", flush=True)
             break
         t0 = time.monotonic()
-        rounds[w].append(run_wheel(w, configs, args.op, args.tokens, wheel_timeout or None))
+        rounds[w].append(run_wheel(w, configs, args.op, args.tokens, wheel_timeout or None,
+                                   args.ncu))
         longest = max(longest, time.monotonic() - t0)
         # each round as it ends, so that a run cut short still leaves its numbers
         got = " ".join(f"{k}={t:.4g}" for k, (t, _) in rounds[w][-1].items())
