@@ -186,6 +186,17 @@ XLA_ATTN_HOST_DEVICE constexpr bool defers_o_store_read(int wgs, int eb, int d, 
   return walk && ping_pong(wgs, eb, d) && d == 128;
 }
 
+// A walk with one Q buffer (16-bit d256: q_buffers, below) hands it back to the producer
+// once the warpgroup's last S product has landed, rather than after the item, so that the
+// next item's Q copy runs behind this item's last P V product and epilogue; O then goes
+// out from registers (finish_rows), as fp8's does, since the buffer it would be staged in
+// may already hold the next Q. Prepared, not yet built: has_walk leaves d256 out until
+// the walk's d256 instance has been measured against one block an item
+// (docs/benchmarks.md, 2026-11-28 (37)).
+XLA_ATTN_HOST_DEVICE constexpr bool releases_q_early(int wgs, int eb, int d, bool walk) {
+  return walk && eb == 2 && d == 256 && ping_pong(wgs, eb, d);
+}
+
 // K/V tiles in flight: the producer fills stage j + 1 while tile j is computed. fp8 (half
 // the bytes a tile, twice the product rate) rings K and the copied V through 4 stages and
 // its V^T tiles through 3, so that copies and transposes run further ahead of products
