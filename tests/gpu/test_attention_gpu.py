@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from xla_attn.testing import reference as ref  # noqa: E402
+from xla_attn import _native  # noqa: E402
 from xla_attn import jax as xj  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -133,20 +134,34 @@ def sm90_grid(request, monkeypatch):
     from one to the next, or one block an item (XLA_ATTN_SM90_BLOCKS=0: the kernels a
     call without a workspace takes, and d256's)."""
     if _one_launch_for_every_grid(request) and request.param != "items":
-        pytest.skip("no walk here (paged, or head dims past 128): every grid launches one "
-                    "block an item, which the 'items' case runs")
+        pytest.skip("no walk in this build for these parameters (paged, or no walk kernel "
+                    "of the dtype and head-dim bucket): every grid launches one block an "
+                    "item, which the 'items' case runs")
     if request.param != "sms":
         monkeypatch.setenv("XLA_ATTN_SM90_BLOCKS", "3" if request.param == "walk3" else "0")
     return request.param
 
 
 def _one_launch_for_every_grid(request):
-    """Whether the test's parameters make the three grids one launch: the walk takes
-    neither paged K/V (test_flash_forward_paged_sm90, `block_size`) nor head dims past
-    128 (sm90_tiles.h, has_walk), so XLA_ATTN_SM90_BLOCKS changes nothing there."""
+    """Whether the test's parameters make the three grids one launch: where this build has
+    no walk for the call, XLA_ATTN_SM90_BLOCKS changes nothing. Paged K/V never walks
+    (test_flash_forward_paged_sm90, `block_size`); otherwise the build's variants say,
+    as the launcher finds them: a ..._walk kernel of the dtype (the fp8 test's is
+    implied) and head-dim bucket (kernels/dispatch/variants.py, with sm90_tiles.h's
+    has_walk: today d64 and d128)."""
     callspec = getattr(request.node, "callspec", None)
     params = callspec.params if callspec else {}
-    return "block_size" in params or params.get("head_dim", 0) > 128
+    if "block_size" in params:
+        return True
+    dt = _SM90_DTYPES[params.get("dtype", "float8_e4m3fn")]
+    d = params.get("head_dim", 0)
+    bucket = 64 if d <= 64 else 128 if d <= 128 else 256
+    prefix = f"xla_attn_flash_fwd_sm90_{dt}_d{bucket}_"
+    return not any(v["op"].endswith("_walk") and v["kernel"].startswith(prefix)
+                   for v in _native.build_info()["variants"])
+
+
+_SM90_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "f8e4m3"}
 
 
 def _nan_tail_inputs(gpu_device, rng, mk, monkeypatch, dtype, head_dim, families,
