@@ -251,9 +251,8 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
     """--ncu: each config in a process of its own under ncu_command (its log in `folder`),
     so that the launches profiled are its calls'; {config: (TFLOP/s from the median call's
     kernel time, error)}, without the configs whose process or profile failed."""
-    res = {}
+    res, log = {}, folder / "ncu.csv"
     for config in configs:
-        log = folder / "ncu.csv"
         log.unlink(missing_ok=True)
         got = run_child(child_code([config], op, tokens, NCU_CALLS), env, label, timeout,
                         ncu_command(str(log)))

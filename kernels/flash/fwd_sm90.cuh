@@ -880,6 +880,9 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   constexpr bool kEarlyQ = releases_q_early(kWgs, kEB, D, kWalk);
   static_assert(!kEarlyQ || (kOverlap && !kPassesTiles && !kAtMax && !kFp8),
                 "Q is handed back early only by the overlapped 16-bit ping-pong tiles");
+  // O stored from registers by finish_rows (fp8, and where Q goes back early), else staged
+  // in Q and written out by write_o_rows
+  constexpr bool kORegs = kFp8 || kEarlyQ;
   // the ring's turns: the item's tiles + 1 for every warpgroup (one block an item skips
   // the last warpgroup's last hand-over: their_turn(last))
   int turns = 0;
@@ -1010,8 +1013,8 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   // store read waited for first where no product of this item's did.
   if (!kOverlap || wg_tiles <= 0) settle_o_store();
   if (kEarlyQ && wg_tiles <= 0) release_q();
-  finish_rows<T, D, kBlockM, kFp8 || kEarlyQ>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
-  if constexpr (!kFp8 && !kEarlyQ) {
+  finish_rows<T, D, kBlockM, kORegs>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
+  if constexpr (!kORegs) {
     constexpr bool kWaitRead = !defers_o_store_read(kWgs, kEB, D, kWalk);
     write_o_rows<T, D, kBlockM, kWaitRead>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
   }

@@ -145,23 +145,20 @@ def sm90_grid(request, monkeypatch):
 def _one_launch_for_every_grid(request):
     """Whether the test's parameters make the three grids one launch: where this build has
     no walk for the call, XLA_ATTN_SM90_BLOCKS changes nothing. Paged K/V never walks
-    (test_flash_forward_paged_sm90, `block_size`); otherwise the build's variants say,
-    as the launcher finds them: a ..._walk kernel of the dtype (the fp8 test's is
-    implied) and head-dim bucket (kernels/dispatch/variants.py, with sm90_tiles.h's
-    has_walk: today d64 and d128)."""
+    (test_flash_forward_paged_sm90, `block_size`); otherwise the dispatcher says, as the
+    launcher asks it: a flash_fwd_tma_walk variant for the dtype (the fp8 test's is
+    implied) and head dim (kernels/dispatch/variants.py, with sm90_tiles.h's has_walk:
+    today d64 and d128)."""
     callspec = getattr(request.node, "callspec", None)
     params = callspec.params if callspec else {}
     if "block_size" in params:
         return True
-    dt = _SM90_DTYPES[params.get("dtype", "float8_e4m3fn")]
-    d = params.get("head_dim", 0)
-    bucket = 64 if d <= 64 else 128 if d <= 128 else 256
-    prefix = f"xla_attn_flash_fwd_sm90_{dt}_d{bucket}_"
-    return not any(v["op"].endswith("_walk") and v["kernel"].startswith(prefix)
-                   for v in _native.build_info()["variants"])
-
-
-_SM90_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "f8e4m3"}
+    dtype = params.get("dtype", "float8_e4m3fn")
+    try:
+        _native.select_variant("flash_fwd_tma_walk", dtype, dtype, params.get("head_dim", 0), 90)
+    except RuntimeError:
+        return True
+    return False
 
 
 def _nan_tail_inputs(gpu_device, rng, mk, monkeypatch, dtype, head_dim, families,
