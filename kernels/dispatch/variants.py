@@ -238,9 +238,7 @@ def _flash_fwd_sm90_variants():
         # sequence length (sm90_tiles.h, wide_d64); paged K/V in an instance of its own
         # (op flash_fwd_tma_paged; fwd_sm90.cuh, kPaged); at d64 and d128 also the
         # persistent walks (ops ..._walk; fwd_sm90.cuh, kWalk), which the launcher takes
-        # on the shapes where they measured faster (d256's walk, sm90_tiles.h
-        # releases_q_early, is prepared but not built: hi <= 256 here, with has_walk, once
-        # measured)
+        # on the shapes where they measured faster (none at d256: sm90_tiles.h, has_walk)
         shapes = [("flash_fwd_tma", 2, ""), ("flash_fwd_tma_paged", 2, "_paged")]
         shapes += [("flash_fwd_tma_m192", 3, "_m192")] if hi == 64 else []
         shapes += [(op + "_walk", wgs, sfx + "_walk") for op, wgs, sfx in shapes

@@ -192,11 +192,10 @@ __device__ __forceinline__ void round_p(uint32_t (&pa)[kPSteps][4],
 // A consumer thread's epilogue: its rows (block row r0 = its warpgroup's first + warp *
 // 16 + g, and r0 + 8) of O normalised and rounded, staged in the warpgroup's own rows of
 // the Q buffer sQ (its last S product has completed; the other warpgroups read only
-// their own rows) in the tile layout for write_o_rows; lse per row. kFromRegs: stored
-// from registers (pairs of columns) instead: fp8, whose O (scaled by v_descale) is bf16,
-// wider than the Q rows it would be staged in, and the walk that hands its Q buffer back
-// before the epilogue (sm90_tiles.h, releases_q_early).
-template <typename T, int D, int kBlockM, bool kFromRegs>
+// their own rows) in the tile layout for write_o_rows; lse per row. fp8: O is scaled by
+// v_descale and, bf16 being wider than the Q rows it would be staged in, stored from
+// registers (pairs of columns).
+template <typename T, int D, int kBlockM>
 __device__ __forceinline__ void finish_rows(const xla_attn_flash_fwd_params& p,
                                             const float (&o)[1][D / 8][4], const float (&m)[1][2],
                                             const float (&l)[1][2], uint32_t sQ, int row0,
@@ -216,7 +215,7 @@ __device__ __forceinline__ void finish_rows(const xla_attn_flash_fwd_params& p,
     // MUFU reciprocal and logarithm (~1 ulp), as the sm80 kernel's epilogue.
     const float inv = sum > 0.f ? __fdividef(out_scale, sum) : 0.f;
     const int r = row0 + warp * 16 + g + 8 * hf, i = m0 + r;
-    if constexpr (kFromRegs) {
+    if constexpr (kFp8) {
       if (i < s.num_q) {
         Out* row = static_cast<Out*>(p.out) + (s.q_start + i) * q_stride + int64_t(h) * hd;
 #pragma unroll
@@ -230,7 +229,7 @@ __device__ __forceinline__ void finish_rows(const xla_attn_flash_fwd_params& p,
       }
     }
 #pragma unroll
-    for (int dt = 0; dt < kDT && !kFromRegs; ++dt) {
+    for (int dt = 0; dt < kDT && !kFp8; ++dt) {
       const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, dt) + 4u * uint32_t(t);
       asm volatile("st.shared.u32 [%0], %1;" ::"r"(at),
                    "r"(sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv))
@@ -646,20 +645,15 @@ struct ConsumerSmem {
 // walk. own_tiles (the walk, where warpgroups pass tiles): the warpgroup's tiles from the
 // item's record. settle_o_store(): run once, behind the item's first product (before the
 // epilogue where there is none), where the walk waits for the previous item's O store
-// (sm90_tiles.h, defers_o_store_read); one item a block passes a no-op. release_q():
-// where the walk hands its one Q buffer back early (sm90_tiles.h, releases_q_early), run
-// once, as soon as the warpgroup's last S product has landed (before the epilogue where
-// it computes none): the thread's q_empty arrival; elsewhere never run.
+// (sm90_tiles.h, defers_o_store_read); one item a block passes a no-op.
 template <typename T, int D, int kWgs, bool kPaged, bool kWalk, bool kVtGiven, typename Bar,
-          typename Parity, typename MyTurn, typename TheirTurn, typename Settle,
-          typename ReleaseQ>
+          typename Parity, typename MyTurn, typename TheirTurn, typename Settle>
 __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk, int n_lo,
                                              int n_hi, int tiles, const KeyRows& keys,
                                              const ConsumerSmem& sm, uint32_t q_full, int g0,
                                              int own_tiles, const ConsumerThread& th, Bar&& bar,
                                              Parity&& parity, MyTurn&& my_turn,
-                                             TheirTurn&& their_turn, Settle&& settle_o_store,
-                                             ReleaseQ&& release_q) {
+                                             TheirTurn&& their_turn, Settle&& settle_o_store) {
   // the kernels' tile shapes and rings (FwdBlockTiles, above)
   using Tiles = FwdBlockTiles<T, D, kWgs, kVtGiven>;
   constexpr int kBlockN = Tiles::kBlockN, kBlockM = Tiles::kBlockM;
@@ -874,15 +868,6 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   // three warpgroups' turns in a ring (sm90_tiles.h, turn_ring): tiles_in_turn's hooks,
   // or the overlapped tiles' hand-overs below (hand_over)
   constexpr bool kRing = turn_ring(kWgs, kEB, D, kWalk, kPaged);
-  // Q handed back once the last S product has landed, O out from registers (sm90_tiles.h,
-  // releases_q_early): S is never computed again there (no softmax at the running max),
-  // and every warpgroup computes every tile (ping-pong), so that the last S is its own.
-  constexpr bool kEarlyQ = releases_q_early(kWgs, kEB, D, kWalk);
-  static_assert(!kEarlyQ || (kOverlap && !kPassesTiles && !kAtMax && !kFp8),
-                "Q is handed back early only by the overlapped 16-bit ping-pong tiles");
-  // O stored from registers by finish_rows (fp8, and where Q goes back early), else staged
-  // in Q and written out by write_o_rows
-  constexpr bool kORegs = kFp8 || kEarlyQ;
   // the ring's turns: the item's tiles + 1 for every warpgroup (one block an item skips
   // the last warpgroup's last hand-over: their_turn(last))
   int turns = 0;
@@ -945,7 +930,6 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       settle_o_store();  // the previous item's O store read, behind S_0's product
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(s_flat);
-      if (kEarlyQ && wg_tiles == 1) release_q();
       release(kEmptyK, g0 % kKRing);
       softmax(0, present);  // O is still zero: nothing to rescale
       to_p();
@@ -960,7 +944,6 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       if constexpr (!kEarlyHandOver) hand_over();
       sm90::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
       sm90::wgmma_hold(s_flat);
-      if (kEarlyQ && j == wg_tiles - 1) release_q();
       softmax_of_landed_s(
           j, s_flat, issue_s, softmax_at_max, [&](int j) { softmax(j, present); },
           [&](int j) { release(kEmptyK, (g0 + j) % kKRing); });
@@ -1012,9 +995,8 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   // Epilogue (finish_rows), then O written out (write_o_rows); the previous item's O
   // store read waited for first where no product of this item's did.
   if (!kOverlap || wg_tiles <= 0) settle_o_store();
-  if (kEarlyQ && wg_tiles <= 0) release_q();
-  finish_rows<T, D, kBlockM, kORegs>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
-  if constexpr (!kORegs) {
+  finish_rows<T, D, kBlockM>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
+  if constexpr (!kFp8) {
     constexpr bool kWaitRead = !defers_o_store_read(kWgs, kEB, D, kWalk);
     write_o_rows<T, D, kBlockM, kWaitRead>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
   }
@@ -1122,7 +1104,7 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
         a, blk, n_lo, n_hi, tiles, keys,
         ConsumerSmem{sm.sQ, sm.sK, sm.sV, sm.sVt, sm.warp_valid}, q_full, /*g0=*/0,
         /*own_tiles=*/0, ConsumerThread{ct, lane, wg, row0, warp, g, t}, bar, parity, my_turn,
-        their_turn, [] {}, [] {});
+        their_turn, [] {});
   }
 }
 

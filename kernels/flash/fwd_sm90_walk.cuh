@@ -298,14 +298,6 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         sm90::mbar_arrive(q_empty((qi - 1) % kQBufs));
       }
     };
-    // Where sm90_tiles.h's releases_q_early says so (a walk with one Q buffer: 16-bit
-    // d256), each consumer thread hands the buffer back as soon as its warpgroup's last S
-    // product has landed (consume_item's release_q), and the item's O goes out from
-    // registers, so that the producer copies the next item's Q while this item's last
-    // P V product and epilogue run. The item's index (item_of) is read before, at the
-    // item's start; its record is safe as before (records, above).
-    constexpr bool kEarlyQ = releases_q_early(kWgs, kEB, D, true);
-    static_assert(!kEarlyQ || !kDefersStoreRead, "an O store's read is deferred only from Q");
     // Item blk's rows, its Q in buffer qb, its first tile the walk's g0-th (own_tiles: its
     // warpgroup's tiles from the item's record, where warpgroups pass tiles); returns its
     // tiles.
@@ -325,10 +317,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           ConsumerSmem{sm.sQ + qb * Tiles::kQBytes, sm.sK, sm.sV, sm.sVt, sm.warp_valid},
           /*q_full=*/0u, g0,
           own_tiles, ConsumerThread{tid, lane, wg, row0, warp_id % 4, ln / 4, ln % 4}, bar,
-          parity, my_turn, their_turn, [&] { settle_o_store(qi); },
-          [&] {
-            if constexpr (kEarlyQ) sm90::mbar_arrive(q_empty(qb));
-          });
+          parity, my_turn, their_turn, [&] { settle_o_store(qi); });
       return kt.tiles;
     };
     FwdBlock blk;
@@ -356,9 +345,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         sm90::fence_proxy_async_shared();
       }
       if (!work) settle_o_store(qi);  // (else consume_item did)
-      // the Q buffer (and slot) back to the producer; the copying thread's in the next item,
-      // and where an item with rows handed it back early, already done
-      if (!store_thread && !(kEarlyQ && work)) sm90::mbar_arrive(q_empty(qb));
+      // the Q buffer (and slot) back to the producer; the copying thread's in the next item
+      if (!store_thread) sm90::mbar_arrive(q_empty(qb));
     }
     if (wg == 0) my_turn();  // the last warpgroup's last hand-over
   }

@@ -180,15 +180,12 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
                 params.total_k >= (int64_t(1) << 31) - block_n)) {
     return false;
   }
-  // O stored from registers (fp8; the walk of sm90_tiles.h's releases_q_early) goes out in
-  // 4-byte column pairs.
-  const bool o_pairs = reinterpret_cast<uintptr_t>(params.out) % 4 == 0;
   if (query.arch != 90 || params.num_splits > 1 ||
       params.head_dim * eb % 16 != 0 || params.total_k <= 0 ||
       params.q_dtype != params.kv_dtype ||
       (params.q_dtype != XLA_ATTN_F16 && params.q_dtype != XLA_ATTN_BF16 && !fp8) ||
       (fp8 && !flash_sm90::fp8_covers(params.head_dim)) ||
-      (fp8 && !o_pairs) ||
+      (fp8 && reinterpret_cast<uintptr_t>(params.out) % 4 != 0) ||
       !aligned16(params.q) || !aligned16(params.k) || !aligned16(params.v)) {
     return false;
   }
@@ -201,7 +198,6 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   const int64_t forced_blocks =
       blocks_env && *blocks_env ? std::max<int64_t>(std::atoll(blocks_env), 0) : -1;
   const bool walk = !paged && flash_sm90::has_walk(d) && forced_blocks != 0 &&
-                    (o_pairs || !flash_sm90::releases_q_early(2, eb, d, true)) &&
                     (forced_blocks > 0 || (flash_sm90::walks(d, params.max_seqlen_q, eb) &&
                                            (counter || params.window_right < 0)));
   const char* walk_suffix = walk ? "_walk" : "";

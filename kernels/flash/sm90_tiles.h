@@ -186,17 +186,6 @@ XLA_ATTN_HOST_DEVICE constexpr bool defers_o_store_read(int wgs, int eb, int d, 
   return walk && ping_pong(wgs, eb, d) && d == 128;
 }
 
-// A walk with one Q buffer (16-bit d256: q_buffers, below) hands it back to the producer
-// once the warpgroup's last S product has landed, rather than after the item, so that the
-// next item's Q copy runs behind this item's last P V product and epilogue; O then goes
-// out from registers (finish_rows), as fp8's does, since the buffer it would be staged in
-// may already hold the next Q. Prepared, not yet built: has_walk leaves d256 out until
-// the walk's d256 instance has been measured against one block an item
-// (docs/benchmarks.md, 2026-11-28 (37)).
-XLA_ATTN_HOST_DEVICE constexpr bool releases_q_early(int wgs, int eb, int d, bool walk) {
-  return walk && eb == 2 && d == 256 && ping_pong(wgs, eb, d);
-}
-
 // K/V tiles in flight: the producer fills stage j + 1 while tile j is computed. fp8 (half
 // the bytes a tile, twice the product rate) rings K and the copied V through 4 stages and
 // its V^T tiles through 3, so that copies and transposes run further ahead of products
@@ -322,6 +311,10 @@ static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 &&
 // bf16 d128 full S = 2048 .. 16384 1.04 - 1.06x, causal S = 2048 / 4096 / 8192 / 16384
 // 1.10 / 1.01 / 1.04 / 1.03x; fp8 causal S = 4096 1.01x, 16384 0.98x. So 16-bit d128
 // walks at every length, fp8 (d64 as d128, the same tile loop) to 2048 rows.
+// d256 has no walk: one that handed its single Q buffer back once its last S product had
+// landed (the next Q copied behind the last P V product, O stored from registers) still
+// took 1.08 - 1.18x the kernel time of one block an item (2026-11-28, H100, base clock,
+// S = 512 .. 8192 full and causal; at 512, 22 % more SM cycles; docs/benchmarks.md (38)).
 constexpr int kWalkMaxRowsFp8 = 2048;
 XLA_ATTN_HOST_DEVICE constexpr bool has_walk(int d) { return d <= 128; }
 XLA_ATTN_HOST_DEVICE constexpr bool walks(int d, int max_seqlen_q, int eb = 2) {

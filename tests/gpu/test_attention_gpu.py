@@ -438,8 +438,8 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
 
 @pytest.mark.parametrize("offset", [0, 1, 64, -64, 21])
 @pytest.mark.parametrize("dtype,head_dim", [("bfloat16", 64), ("bfloat16", 128),
-                                            ("float8_e4m3fn", 64), ("float8_e4m3fn", 128),
-                                            ("float8_e4m3fn", 256)])
+                                            ("float16", 256), ("float8_e4m3fn", 64),
+                                            ("float8_e4m3fn", 128), ("float8_e4m3fn", 256)])
 def test_flash_forward_sm90_causal_diagonals(gpu_device, sm90_grid, rng, mk, monkeypatch,
                                             dtype, head_dim, offset):
     """The Hopper forward on causal rows whose last key tile a consumer warpgroup sees only
@@ -452,7 +452,8 @@ def test_flash_forward_sm90_causal_diagonals(gpu_device, sm90_grid, rng, mk, mon
     tile. A warpgroup passes the tiles none of its rows sees at d64 (three warpgroups
     past 512 rows; fwd_sm90.cuh, warpgroup_tiles) and at fp8 (three warpgroups, 192-row
     blocks; in the walk each warpgroup's tile count comes from the item's record,
-    fwd_sm90_walk.cuh). Against the float64 reference, lse included."""
+    fwd_sm90_walk.cuh), and at 16-bit d256 (64-key tiles, one block an item: its grids
+    are one launch). Against the float64 reference, lse included."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
