@@ -143,7 +143,7 @@ def test_call_seconds_sum_each_calls_kernels_and_drop_the_first():
         ab.call_seconds([], 3)
 
 
-def test_ncu_mode_times_each_config_by_its_kernels(tmp_path, monkeypatch):
+def test_ncu_mode_times_each_config_by_its_kernels(tmp_path, monkeypatch, capsys):
     """--ncu end to end on the installed package (host path), with a stand-in for ncu
     that runs the program and logs NCU_CALLS launches of 1 ms: each config's figure is
     its FLOPs over 1 ms, and each config ran in a process of its own."""
@@ -157,7 +157,7 @@ def test_ncu_mode_times_each_config_by_its_kernels(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\n"
                     'while [ "$1" != "--log-file" ]; do shift; done\n'
                     'log=$2; shift 2\n"$@" || exit $?\n'
-                    'echo "ran" >> "$log.runs"\n'
+                    'echo "ran $XLA_FLAGS" >> "$log.runs"\n'
                     "{ echo '==PROF== Disconnected'\n"
                     "echo '\"ID\",\"Kernel Name\",\"Metric Name\",\"Metric Unit\",\"Metric Value\"'\n"
                     + rows + '} > "$log"\n')
@@ -171,7 +171,12 @@ def test_ncu_mode_times_each_config_by_its_kernels(tmp_path, monkeypatch):
     assert got["bf16 d128 S128 full"][0] == pytest.approx(
         varlen_flops([128] * 2, 16, 128, False, False) / 1e-3 / 1e12)
     assert all(0 < err < 2e-2 for _, err in got.values())
-    assert (tmp_path / "ncu.csv.runs").read_text().split() == ["ran", "ran"]
+    # one process a config, XLA's autotuning off in each (its launches would be profiled)
+    runs = (tmp_path / "ncu.csv.runs").read_text().splitlines()
+    assert len(runs) == 2
+    assert all(r.startswith("ran") and r.endswith("--xla_gpu_autotune_level=0") for r in runs)
+    # each config's time as it comes, for a run a time bound cuts short
+    assert capsys.readouterr().err.count(" us a call, ") == 2
 
 
 def test_ncu_mode_needs_ncu(monkeypatch, capsys):
