@@ -253,8 +253,8 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
     kernel time, error)}, without the configs whose process or profile failed."""
     res, log = {}, folder / "ncu.csv"
     # XLA's autotuning of the reference's f32 products launches hundreds of kernels, each
-    # serialized by ncu: a config's process took ~55 s with it (2026-11-28, H100), where
-    # tools/profile_op.py's took ~6 s; our custom calls are not autotuned
+    # serialized by ncu: a config's process took ~55 s with it, two configs 14 s without
+    # (2026-11-28, H100); our custom calls are not autotuned
     flags = f"{env.get('XLA_FLAGS', '')} --xla_gpu_autotune_level=0".strip()
     env = dict(env, XLA_FLAGS=flags)
     for config in configs:
@@ -269,11 +269,11 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
         except ValueError as e:
             print(f"ab_wheels: {label} {config}: {e}", file=sys.stderr, flush=True)
             continue
-        res.update({k: (flops / med / 1e12, err) for k, (flops, err) in got.items()})
-        # as it comes (stderr), so that a run cut short by a time bound keeps what it timed
-        print(f"ab_wheels: {label} {config}: {med * 1e6:.1f} us a call, "
-              + ", ".join(f"{flops / med / 1e12:.4g} TFLOP/s" for flops, _ in got.values()),
-              file=sys.stderr, flush=True)
+        for key, (flops, err) in got.items():
+            res[key] = (flops / med / 1e12, err)
+            # as it comes (stderr), so that a run cut short by a time bound keeps it
+            print(f"ab_wheels: {label} {key}: {med * 1e6:.1f} us a call, "
+                  f"{res[key][0]:.4g} TFLOP/s", file=sys.stderr, flush=True)
     return res
 
 
