@@ -13,9 +13,11 @@ EXPORT = '''"Kernel Name","kern_x",
 "0x10","HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT","5","4","5","1,024"
 "0x20","@!P0  BRA 0x7f00","30","20","30","2,048"
 "0x30","SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR39+0x38030], R2","60","50","60","512"
+"0x38","@!P0  BRA 0x7f10","40","40","40","512"
 "0x40","MUFU.EX2 R3, R3","3","2","3","4,096"
 "0x50","MUFU.EX2 R4, R4","2","1","2","4,096"
 "0x60","SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR24+0x38050], R9","0","0","0","0"
+"0x68","@!P2  BRA 0x7f20","7","7","7","8"
 "0x70","@P3   FADD R8, R8, R21","0","0","0","1,000"
 '''
 
@@ -25,13 +27,22 @@ def test_sums_by_opcode_and_waits(tmp_path):
     path.write_text(EXPORT)
     prof = ncu_ops.read(str(path))
     assert prof.kernel == "kern_x"
-    assert prof.executed == {"HGMMA": 1024, "BRA": 2048, "SYNCS": 512, "MUFU": 8192, "FADD": 1000}
-    assert prof.stalls["MUFU"] == 5 and prof.stalls["SYNCS"] == 60 and prof.stalls["BRA"] == 30
-    assert prof.waits == {"UR39+0x38030": 60, "UR24+0x38050": 0}
-    text = ncu_ops.report(prof, top=2, waits=1)
-    assert text.splitlines()[0] == "kern_x: 1.278e+04 instructions executed, 100 stall samples"
-    assert [line.split()[0] for line in text.splitlines()[1:]] == ["MUFU", "BRA", "wait"]
-    assert "60.0 %" in text.splitlines()[-1]
+    assert prof.executed == {"HGMMA": 1024, "BRA": 2568, "SYNCS": 512, "MUFU": 8192, "FADD": 1000}
+    assert prof.stalls["MUFU"] == 5 and prof.stalls["SYNCS"] == 60 and prof.stalls["BRA"] == 77
+    # the first wait's retry branch (@!P0 after TRYWAIT P0) counts as that wait; the
+    # second's branch tests another predicate and does not
+    assert prof.waits == {"UR39+0x38030": 100, "UR24+0x38050": 0}
+    lines = ncu_ops.report(prof, top=2, waits=1).splitlines()
+    assert lines[0] == "kern_x: 1.33e+04 instructions executed, 147 stall samples"
+    assert [line.split()[0] for line in lines[1:3]] == ["MUFU", "BRA"]
+    # classes by stall samples: branches 77, barriers 60, tensor cores 5, exponentials 5
+    classes = [line.split("]")[0].strip(" [") for line in lines[3:-1]]
+    assert classes[:2] == ["branches, EXIT", "barriers"]
+    assert set(classes) == {"branches, EXIT", "barriers", "tensor cores (HGMMA, DEPBAR)",
+                            "exponentials (MUFU)", "FP32 and packing"}
+    mufu = next(line for line in lines if "[exponentials (MUFU)]" in line)
+    assert "61.6 % executed" in mufu and "stalls   3.4 %" in mufu  # 8192 / 13296, 5 / 147
+    assert lines[-1].startswith("  wait [UR39+0x38030]") and "68.0 %" in lines[-1]
 
 
 @pytest.mark.parametrize("sass, op", [("@!P0  BRA 0x1", "BRA"), ("@UP0  UIADD3 UR8, UR4", "UIADD3"),

@@ -11,9 +11,13 @@ every element; our consumers' stalls on the mbarriers that say a K tile has land
 
 Per file: the instructions executed and stall samples in all, then the --top opcodes
 (predicate and modifiers stripped: `@!P0 BRA` is BRA, `HGMMA.64x128x16.F32.BF16` HGMMA)
-by instructions executed with their share of the stall samples, then the --waits
-mbarrier operands (`SYNCS... [UR39+0x38030]`) with the most stall samples: which barrier
-the warps wait on.
+by instructions executed with their share of the stall samples, then the same by class
+(CLASSES: exponentials, FP32, tensor cores, barriers, branches, memory, the rest), then
+the --waits mbarrier operands (`SYNCS... [UR39+0x38030]`) with the most stall samples:
+which barrier the warps wait on. A wait's samples include those of the branch that
+retries it (`@!P0 BRA` right after `TRYWAIT P0, [...]`), where ptxas's loop puts most of
+them: the d256 forward's wait for its Q held 0.1 % on the try-wait and 11.6 % on that
+branch (docs/benchmarks.md, 2026-11-28 (38)).
 """
 from __future__ import annotations
 
@@ -28,8 +32,25 @@ from sass_report import opcode  # a SASS line's opcode, predicate and modifiers 
 
 EXECUTED = "Instructions Executed"
 SAMPLES = "Warp Stall Sampling (All Samples)"
-# an mbarrier wait's operand: SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR39+0x38030], R2
-WAIT = re.compile(r"SYNCS\.\S*TRYWAIT\S*\s+\S+,\s*\[([^\]]+)\]")
+# an mbarrier wait's predicate and operand: SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR39+0x38030], R2
+WAIT = re.compile(r"SYNCS\.\S*TRYWAIT\S*\s+(\w+),\s*\[([^\]]+)\]")
+# the branch that retries it while its predicate is false: @!P0 BRA 0x7f6cef7da310
+RETRY = re.compile(r"^@!(\w+)\s+BRA\b")
+# opcode classes (by opcode, as `opcode` strips it), in the order they are tried
+CLASSES = (
+    ("exponentials (MUFU)", ("MUFU",)),
+    ("FP32 and packing", ("FADD", "FFMA", "FMUL", "FMNMX", "FSEL", "FSETP", "F2FP", "FCHK")),
+    ("tensor cores (HGMMA, DEPBAR)", ("HGMMA", "WARPGROUP")),
+    ("barriers", ("SYNCS", "BAR", "NANOSLEEP", "FENCE", "WARPSYNC", "B2R", "MEMBAR")),
+    ("branches, EXIT", ("BRA", "BSSY", "BSYNC", "EXIT", "CALL", "RET", "VOTE", "BRX", "JMP")),
+    ("memory, shuffles", ("LDS", "STS", "LDG", "STG", "LDL", "STL", "LDSM", "STSM", "SHFL",
+                          "ATOM", "ATOMS", "RED", "UTMALDG", "UTMASTG", "UBLKCP", "LDC")),
+)
+OTHER = "integer, uniform, moves"
+
+
+def op_class(op: str) -> str:
+    return next((name for name, ops in CLASSES if op in ops), OTHER)
 
 
 @dataclass
@@ -64,15 +85,20 @@ def read(path: str) -> Profile:
                          "SourceCounters --section WarpStateStats)")
     src, ex, st = header.index("Source"), header.index(EXECUTED), header.index(SAMPLES)
     width = max(src, ex, st)
+    last_wait = None  # (predicate, operand) of the instruction before, if a try-wait
     for row in body:
         if len(row) <= width:
             continue
         op, samples = opcode(row[src]), number(row[st])
         prof.executed[op] += number(row[ex])
         prof.stalls[op] += samples
+        retry = RETRY.match(row[src].strip())
+        if last_wait and retry and retry.group(1) == last_wait[0]:
+            prof.waits[last_wait[1]] += samples
         wait = WAIT.search(row[src])
         if wait:
-            prof.waits[wait.group(1).strip()] += samples
+            prof.waits[wait.group(2).strip()] += samples
+        last_wait = (wait.group(1), wait.group(2).strip()) if wait else None
     return prof
 
 
@@ -83,6 +109,14 @@ def report(prof: Profile, top: int, waits: int) -> str:
     for op, n in prof.executed.most_common(top):
         lines.append(f"  {op:12s} {100 * n / max(executed, 1):5.1f} %  {n:12.0f}  "
                      f"stalls {100 * prof.stalls[op] / max(samples, 1):5.1f} %")
+    classes_ex, classes_st = collections.Counter(), collections.Counter()
+    for op, n in prof.executed.items():
+        classes_ex[op_class(op)] += n
+    for op, n in prof.stalls.items():
+        classes_st[op_class(op)] += n
+    for name, n in classes_st.most_common():
+        lines.append(f"  [{name}] {100 * classes_ex[name] / max(executed, 1):5.1f} % executed  "
+                     f"stalls {100 * n / max(samples, 1):5.1f} %")
     for operand, n in prof.waits.most_common(waits):
         lines.append(f"  wait [{operand}]  stalls {100 * n / max(samples, 1):5.1f} %")
     return "\n".join(lines)
