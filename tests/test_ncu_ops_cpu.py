@@ -60,3 +60,30 @@ def test_rejects_other_exports(tmp_path):
     path.write_text('"Address","Source","# Samples"\n"0x10","NOP","1"\n')
     with pytest.raises(ValueError, match="SourceCounters"):
         ncu_ops.read(str(path))
+
+
+def test_line_report_sums_by_source_line():
+    # (SASS, executed, stall samples) in address order, and where a -lineinfo build puts each
+    prof = ncu_ops.Profile(kernel="k", rows=[
+        ("MUFU.EX2 R3, R3", 100, 30), ("IADD3 R1, R1, 0x1, RZ", 300, 5),
+        ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2", 10, 40),
+        ("@!P0  BRA 0x7f10", 10, 20), ("UIADD3 UR4, UR4, 0x8, URZ", 580, 5)])
+    lines = [(sass, path, line) for (sass, _, _), (path, line) in zip(prof.rows, [
+        ("vec.cuh", 47), ("walk.cuh", 56), ("tma.cuh", 62), ("tma.cuh", 62), ("walk.cuh", 56)])]
+    text = ncu_ops.line_report(prof, lines, top=2).splitlines()
+    # stalls: tma.cuh:62 60 of 100, vec.cuh:47 30, walk.cuh:56 10 (not in the top 2)
+    assert text[1].split() == ["60.0", "%", "stalls", "2.0", "%", "executed", "tma.cuh:62"]
+    assert text[2].split() == ["30.0", "%", "stalls", "10.0", "%", "executed", "vec.cuh:47"]
+    # integer / uniform instructions: walk.cuh:56's IADD3 and UIADD3, 880 of 1000
+    assert text[3].endswith("the 2 with the most integer, uniform, moves executed")
+    assert text[4].split() == ["88.0", "%", "executed", "10.0", "%", "stalls", "walk.cuh:56"]
+    assert len(text) == 5  # no other line ran an integer instruction
+
+
+def test_line_report_refuses_other_code(tmp_path):
+    path = tmp_path / "rep.csv"
+    path.write_text(EXPORT)
+    prof = ncu_ops.read(str(path))
+    lines = [("NOP", "k.cuh", 1)] + [(sass, "k.cuh", 1) for sass, _, _ in prof.rows[1:]]
+    with pytest.raises(ValueError, match="1 of 9 instructions differ"):
+        ncu_ops.line_report(prof, lines, top=2)

@@ -83,3 +83,33 @@ def test_against_marks_same_changed_and_new_kernels():
     assert sr.against_mark("kern_b", before["kern_b"][:1], before) == "~"  # one fewer
     assert sr.against_mark("kern_c", before["kern_b"], before) == "+"
     assert sr.against_mark("kern_a", before["kern_a"], None) == ""
+
+
+# nvdisasm --print-line-info -c of a -lineinfo cubin (two kernels; addresses past 0xffff)
+LISTING = """
+//--------------------- .text.kern_b --------------------------
+.text.kern_b:
+	//## File "/src/x.cu", line 3
+        /*0000*/                   NOP ;
+//--------------------- .text.kern_a --------------------------
+	.section	.text.kern_a,"ax",@progbits
+.text.kern_a:
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+	//## File "{root}/kernels/common/vec.cuh", line 47
+        /*fff0*/                   MUFU.EX2 R3, R3 ;
+        /*10000*/              @!P0 BRA `(.L_x_9) ;
+.L_x_9:
+	//## File "/other/place.h", line 9
+        /*10010*/                   EXIT ;
+"""
+
+
+def test_source_lines_follow_the_kernel_and_its_line_markers():
+    listing = LISTING.replace("{root}", str(sr.bk.KERNELS.parent))
+    assert sr.source_lines(listing, "kern_a") == [
+        ("LDC R1, c[0x0][0x28]", "", 0),  # before the first marker
+        ("MUFU.EX2 R3, R3", "kernels/common/vec.cuh", 47),  # relative to the repository
+        ("@!P0 BRA `(.L_x_9)", "kernels/common/vec.cuh", 47),
+        ("EXIT", "/other/place.h", 9)]
+    assert sr.source_lines(listing, "kern_b") == [("NOP", "/src/x.cu", 3)]
+    assert sr.source_lines(listing, "kern_c") == []

@@ -136,12 +136,14 @@ def load_nvrtc(nvrtc_path: str) -> ctypes.CDLL:
     return ctypes.CDLL(nvrtc_path)
 
 
-def nvrtc_ptx(nvrtc_path: str, source: str, name: str, arch: str, includes: list[str]) -> bytes:
+def nvrtc_ptx(nvrtc_path: str, source: str, name: str, arch: str, includes: list[str],
+              extra: tuple[str, ...] = ()) -> bytes:
     nvrtc = load_nvrtc(nvrtc_path)
     prog = ctypes.c_void_p()
     _check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(),
                                            0, None, None), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture=compute_{arch}", *NVRTC_FLAGS, *(f"-I{i}" for i in includes)]
+    opts = [f"--gpu-architecture=compute_{arch}", *NVRTC_FLAGS, *extra,
+            *(f"-I{i}" for i in includes)]
     c_opts = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
     status = nvrtc.nvrtcCompileProgram(prog, len(opts), c_opts)
     size = ctypes.c_size_t()

@@ -8,6 +8,7 @@ every element; our consumers' stalls on the mbarriers that say a K tile has land
       python3 tools/profile_op.py fwd --seqlen 512
   ncu -i rep.ncu-rep --page source --print-source sass --csv > rep.csv
   python3 tools/ncu_ops.py rep.csv [other.csv ...] [--top 28] [--waits 8]
+      [--lines MODULE [--ptx-arch 90a] [--sm 90a] [--top-lines 25]]
 
 Per file: the instructions executed and stall samples in all, then the --top opcodes
 (predicate and modifiers stripped: `@!P0 BRA` is BRA, `HGMMA.64x128x16.F32.BF16` HGMMA)
@@ -18,16 +19,27 @@ which barrier the warps wait on. A wait's samples include those of the branch th
 retries it (`@!P0 BRA` right after `TRYWAIT P0, [...]`), where ptxas's loop puts most of
 them: the d256 forward's wait for its Q held 0.1 % on the try-wait and 11.6 % on that
 branch (docs/benchmarks.md, 2026-11-28 (38)).
+
+--lines MODULE (one of kernels/dispatch/variants.py's, e.g. flash_fwd_sm90_walk, built
+from the sources that were profiled): the same sums per source line. The module is
+compiled here, without a GPU, as the build compiles it plus NVRTC's -lineinfo (which
+leaves the code as it was), and the profiled kernel's instructions are matched one to
+one with that build's, opcode by opcode; a mismatch is an error (other sources, other
+toolkit). Prints the --top-lines lines by stall samples and by integer / uniform
+instructions executed.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import csv
+import pathlib
 import re
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
+import sass_report
 from sass_report import opcode  # a SASS line's opcode, predicate and modifiers stripped
 
 EXECUTED = "Instructions Executed"
@@ -59,6 +71,8 @@ class Profile:
     executed: collections.Counter = field(default_factory=collections.Counter)
     stalls: collections.Counter = field(default_factory=collections.Counter)
     waits: collections.Counter = field(default_factory=collections.Counter)
+    # each instruction in address order: (SASS, executed, stall samples)
+    rows: list = field(default_factory=list)
 
 
 def number(cell: str) -> float:
@@ -90,6 +104,7 @@ def read(path: str) -> Profile:
         if len(row) <= width:
             continue
         op, samples = opcode(row[src]), number(row[st])
+        prof.rows.append((row[src].strip(), number(row[ex]), samples))
         prof.executed[op] += number(row[ex])
         prof.stalls[op] += samples
         retry = RETRY.match(row[src].strip())
@@ -122,15 +137,59 @@ def report(prof: Profile, top: int, waits: int) -> str:
     return "\n".join(lines)
 
 
+def line_report(prof: Profile, lines: list[tuple[str, str, int]], top: int) -> str:
+    """Executed instructions and stall samples per source line: `lines` holds each
+    instruction of the same kernel built with line information (sass_report.source_lines),
+    in the profile's order."""
+    ops = [opcode(x) for x, _, _ in prof.rows]
+    built = [opcode(x) for x, _, _ in lines]
+    if ops != built:
+        differ = sum(a != b for a, b in zip(ops, built)) + abs(len(ops) - len(built))
+        raise ValueError(f"{prof.kernel}: the -lineinfo build's code is not the profiled "
+                         f"kernel's ({differ} of {len(ops)} instructions differ, "
+                         f"{len(built)} built): profile and build the same sources")
+    executed, samples = collections.Counter(), collections.Counter()
+    integer = collections.Counter()
+    for (sass, ex, st), (_, path, line) in zip(prof.rows, lines):
+        where = f"{path}:{line}"
+        executed[where] += ex
+        samples[where] += st
+        if op_class(opcode(sass)) == OTHER:
+            integer[where] += ex
+    total_ex, total_st = sum(executed.values()), sum(samples.values())
+    out = [f"{prof.kernel}: by source line, the {top} with the most stall samples"]
+    for where, n in samples.most_common(top):
+        out.append(f"  {100 * n / max(total_st, 1):5.1f} % stalls  "
+                   f"{100 * executed[where] / max(total_ex, 1):5.1f} % executed  {where}")
+    out.append(f"{prof.kernel}: by source line, the {top} with the most {OTHER} executed")
+    for where, n in integer.most_common(top):
+        out.append(f"  {100 * n / max(total_ex, 1):5.1f} % executed  "
+                   f"{100 * samples[where] / max(total_st, 1):5.1f} % stalls  {where}")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csv", nargs="+", help="ncu --page source --print-source sass --csv output")
     p.add_argument("--top", type=int, default=28, help="opcodes shown (by instructions executed)")
     p.add_argument("--waits", type=int, default=8, help="mbarrier operands shown (by stalls)")
+    p.add_argument("--lines", metavar="MODULE", help="also per source line, from this module "
+                   "compiled here with -lineinfo (the profiled sources)")
+    p.add_argument("--ptx-arch", default="90a", help="--lines: NVRTC virtual arch (default 90a)")
+    p.add_argument("--sm", default="90a", help="--lines: ptxas real arch (default 90a)")
+    p.add_argument("--top-lines", type=int, default=25, help="--lines: source lines shown")
     args = p.parse_args(argv)
-    for path in args.csv:
-        print(report(read(path), args.top, args.waits))
+    profiles = [read(path) for path in args.csv]
+    for prof in profiles:
+        print(report(prof, args.top, args.waits))
+    if args.lines:
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = pathlib.Path(tmp, "m.cubin")
+            sass_report.compile_module(args.lines, args.ptx_arch, args.sm, cubin, lineinfo=True)
+            for prof in profiles:
+                lines = sass_report.disassemble_lines(cubin, prof.kernel)
+                print(line_report(prof, lines, args.top_lines))
     return 0
 
 

@@ -142,6 +142,61 @@ def against_mark(name: str, ins: list[str], before: dict[str, list[str]] | None)
     return "=" if same_code(ins, before[name]) else "~"
 
 
+def compile_module(module: str, ptx_arch: str, sm: str, cubin: pathlib.Path,
+                   lineinfo: bool = False) -> str:
+    """Module `module` compiled as the build compiles it (NVRTC to PTX for ptx_arch,
+    ptxas for sm) into `cubin`; ptxas -v's log. lineinfo: NVRTC's -lineinfo too, which
+    maps each instruction to its source line and leaves the code as it was (the d64
+    walk: all 9,464 instructions the same)."""
+    modules = {m.name: m for m in bk.vt.MODULES}
+    tk = bk.toolkit(host=False)
+    ptx = bk.nvrtc_ptx(str(tk["nvrtc"]), bk.module_source(modules[module]), f"{module}.cu",
+                       ptx_arch, [str(bk.KERNELS), str(tk["cuda_include"])],
+                       ("-lineinfo",) if lineinfo else ())
+    src = cubin.with_suffix(".ptx")
+    src.write_bytes(ptx)
+    log = subprocess.run([str(tk["ptxas"]), f"-arch=sm_{sm}", *bk.PTXAS_FLAGS, "-v", str(src),
+                          "-o", str(cubin)], check=True, capture_output=True, text=True)
+    return log.stdout + log.stderr
+
+
+# nvdisasm --print-line-info: a function's start, a source line, an instruction
+LINE_FUNCTION = re.compile(r"^\.text\.(\w+):")
+LINE_SOURCE = re.compile(r'//## File "([^"]+)", line (\d+)')
+
+
+def source_lines(listing: str, kernel: str) -> list[tuple[str, str, int]]:
+    """Each instruction of `kernel` with the source file and line it came from (file
+    relative to the repository root where under it, else as given; "" and 0 before the
+    first), from `nvdisasm --print-line-info` of a -lineinfo cubin."""
+    root = str(bk.KERNELS.parent) + "/"
+    out, inside, where = [], False, ("", 0)
+    for line in listing.splitlines():
+        fn = LINE_FUNCTION.match(line)
+        if fn:
+            inside = fn.group(1) == kernel
+            continue
+        if not inside:
+            continue
+        src = LINE_SOURCE.search(line)
+        if src:
+            where = (src.group(1).removeprefix(root), int(src.group(2)))
+            continue
+        ins = INSTRUCTION.search(line)
+        if ins:
+            out.append((ins.group(1), *where))
+    return out
+
+
+def disassemble_lines(cubin: pathlib.Path, kernel: str) -> list[tuple[str, str, int]]:
+    """source_lines of `kernel` in a -lineinfo cubin (nvdisasm)."""
+    _, env = cuobjdump()
+    nvdisasm = pathlib.Path(env["NVDISASM_PATH"], "nvdisasm")
+    listing = subprocess.run([str(nvdisasm), "--print-line-info", "-c", str(cubin)],
+                             check=True, capture_output=True, text=True, env=env).stdout
+    return source_lines(listing, kernel)
+
+
 def ptxas_info(log: str) -> dict[str, tuple[int, int, int]]:
     """Kernel name -> (registers, spill store bytes, spill load bytes) from ptxas -v."""
     info, name, spill = {}, None, (0, 0)
@@ -170,24 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     before = (kernels_of(pathlib.Path(args.against).read_text()) if args.against else None)
 
-    modules = {m.name: m for m in bk.vt.MODULES}
-    if args.module not in modules:
-        parser.error(f"module must be one of {sorted(modules)}, got {args.module!r}")
-    tk = bk.toolkit(host=False)
-    ptx = bk.nvrtc_ptx(str(tk["nvrtc"]), bk.module_source(modules[args.module]),
-                       f"{args.module}.cu", args.ptx_arch, [str(bk.KERNELS), str(tk["cuda_include"])])
+    if args.module not in {m.name for m in bk.vt.MODULES}:
+        parser.error(f"module must be one of {sorted(m.name for m in bk.vt.MODULES)}, "
+                     f"got {args.module!r}")
     with tempfile.TemporaryDirectory() as tmp:
-        src, cubin = pathlib.Path(tmp, "m.ptx"), pathlib.Path(tmp, "m.cubin")
-        src.write_bytes(ptx)
-        log = subprocess.run([str(tk["ptxas"]), f"-arch=sm_{args.sm}", *bk.PTXAS_FLAGS, "-v",
-                              str(src), "-o", str(cubin)], check=True, capture_output=True,
-                             text=True)
+        cubin = pathlib.Path(tmp, "m.cubin")
+        log = compile_module(args.module, args.ptx_arch, args.sm, cubin)
         tool, env = cuobjdump()
         sass = subprocess.run([tool, "-sass", str(cubin)], check=True, capture_output=True,
                               text=True, env=env).stdout
     if args.dump:
         pathlib.Path(args.dump).write_text(sass)
-    info = ptxas_info(log.stdout + log.stderr)
+    info = ptxas_info(log)
     print(f"{args.module}: compute_{args.ptx_arch} PTX -> sm_{args.sm}")
     print(f"{'kernel':44} {'regs':>4} {'spill st/ld':>11} {'instr':>6} {'HMMA':>5} "
           f"{'near':>5} {'GMMA':>5} {'MUFU':>5} {'LDL/STL':>7} {'@GMMA':>5} {'BAR':>4}"
