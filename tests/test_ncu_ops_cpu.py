@@ -87,3 +87,11 @@ def test_line_report_refuses_other_code(tmp_path):
     lines = [("NOP", "k.cuh", 1)] + [(sass, "k.cuh", 1) for sass, _, _ in prof.rows[1:]]
     with pytest.raises(ValueError, match="1 of 9 instructions differ"):
         ncu_ops.line_report(prof, lines, top=2)
+
+
+def test_lines_needs_a_module_of_the_build(tmp_path, capsys):
+    path = tmp_path / "rep.csv"
+    path.write_text(EXPORT)
+    with pytest.raises(SystemExit):
+        ncu_ops.main([str(path), "--lines", "no_such_module"])
+    assert "--lines: module must be one of" in capsys.readouterr().err

@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sm", default="90a", help="--lines: ptxas real arch (default 90a)")
     p.add_argument("--top-lines", type=int, default=25, help="--lines: source lines shown")
     args = p.parse_args(argv)
+    names = sorted(m.name for m in sass_report.bk.vt.MODULES)
+    if args.lines and args.lines not in names:
+        p.error(f"--lines: module must be one of {names}, got {args.lines!r}")
     profiles = [read(path) for path in args.csv]
     for prof in profiles:
         print(report(prof, args.top, args.waits))
