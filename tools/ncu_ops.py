@@ -65,6 +65,14 @@ def op_class(op: str) -> str:
     return next((name for name, ops in CLASSES if op in ops), OTHER)
 
 
+def by_class(per_op: collections.Counter) -> collections.Counter:
+    """A per-opcode count summed by class (op_class)."""
+    out = collections.Counter()
+    for op, n in per_op.items():
+        out[op_class(op)] += n
+    return out
+
+
 @dataclass
 class Profile:
     kernel: str = ""
@@ -103,14 +111,15 @@ def read(path: str) -> Profile:
     for row in body:
         if len(row) <= width:
             continue
-        op, samples = opcode(row[src]), number(row[st])
-        prof.rows.append((row[src].strip(), number(row[ex]), samples))
-        prof.executed[op] += number(row[ex])
+        sass, executed, samples = row[src].strip(), number(row[ex]), number(row[st])
+        op = opcode(sass)
+        prof.rows.append((sass, executed, samples))
+        prof.executed[op] += executed
         prof.stalls[op] += samples
-        retry = RETRY.match(row[src].strip())
+        retry = RETRY.match(sass)
         if last_wait and retry and retry.group(1) == last_wait[0]:
             prof.waits[last_wait[1]] += samples
-        wait = WAIT.search(row[src])
+        wait = WAIT.search(sass)
         if wait:
             prof.waits[wait.group(2).strip()] += samples
         last_wait = (wait.group(1), wait.group(2).strip()) if wait else None
@@ -124,12 +133,8 @@ def report(prof: Profile, top: int, waits: int) -> str:
     for op, n in prof.executed.most_common(top):
         lines.append(f"  {op:12s} {100 * n / max(executed, 1):5.1f} %  {n:12.0f}  "
                      f"stalls {100 * prof.stalls[op] / max(samples, 1):5.1f} %")
-    classes_ex, classes_st = collections.Counter(), collections.Counter()
-    for op, n in prof.executed.items():
-        classes_ex[op_class(op)] += n
-    for op, n in prof.stalls.items():
-        classes_st[op_class(op)] += n
-    for name, n in classes_st.most_common():
+    classes_ex = by_class(prof.executed)
+    for name, n in by_class(prof.stalls).most_common():
         lines.append(f"  [{name}] {100 * classes_ex[name] / max(executed, 1):5.1f} % executed  "
                      f"stalls {100 * n / max(samples, 1):5.1f} %")
     for operand, n in prof.waits.most_common(waits):
@@ -150,11 +155,11 @@ def line_report(prof: Profile, lines: list[tuple[str, str, int]], top: int) -> s
                          f"{len(built)} built): profile and build the same sources")
     executed, samples = collections.Counter(), collections.Counter()
     integer = collections.Counter()
-    for (sass, ex, st), (_, path, line) in zip(prof.rows, lines):
+    for op, (_, ex, st), (_, path, line) in zip(ops, prof.rows, lines):
         where = f"{path}:{line}"
         executed[where] += ex
         samples[where] += st
-        if op_class(opcode(sass)) == OTHER:
+        if op_class(op) == OTHER:
             integer[where] += ex
     total_ex, total_st = sum(executed.values()), sum(samples.values())
     out = [f"{prof.kernel}: by source line, the {top} with the most stall samples"]
@@ -180,9 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sm", default="90a", help="--lines: ptxas real arch (default 90a)")
     p.add_argument("--top-lines", type=int, default=25, help="--lines: source lines shown")
     args = p.parse_args(argv)
-    names = sorted(m.name for m in sass_report.bk.vt.MODULES)
-    if args.lines and args.lines not in names:
-        p.error(f"--lines: module must be one of {names}, got {args.lines!r}")
+    if args.lines:
+        sass_report.require_module(p, args.lines, "--lines: module")
     profiles = [read(path) for path in args.csv]
     for prof in profiles:
         print(report(prof, args.top, args.waits))

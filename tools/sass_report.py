@@ -142,6 +142,14 @@ def against_mark(name: str, ins: list[str], before: dict[str, list[str]] | None)
     return "=" if same_code(ins, before[name]) else "~"
 
 
+def require_module(parser: argparse.ArgumentParser, module: str, what: str = "module") -> None:
+    """A command-line error unless `module` is one of the build's modules
+    (kernels/dispatch/variants.py), before anything slow runs."""
+    names = sorted(m.name for m in bk.vt.MODULES)
+    if module not in names:
+        parser.error(f"{what} must be one of {names}, got {module!r}")
+
+
 def compile_module(module: str, ptx_arch: str, sm: str, cubin: pathlib.Path,
                    lineinfo: bool = False) -> str:
     """Module `module` compiled as the build compiles it (NVRTC to PTX for ptx_arch,
@@ -225,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     before = (kernels_of(pathlib.Path(args.against).read_text()) if args.against else None)
 
-    if args.module not in {m.name for m in bk.vt.MODULES}:
-        parser.error(f"module must be one of {sorted(m.name for m in bk.vt.MODULES)}, "
-                     f"got {args.module!r}")
+    require_module(parser, args.module)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = pathlib.Path(tmp, "m.cubin")
         log = compile_module(args.module, args.ptx_arch, args.sm, cubin)
