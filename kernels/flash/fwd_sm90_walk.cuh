@@ -2,9 +2,9 @@
 // this one walks with, one block an item): a grid of one block an SM, each block taking
 // (row block, head, sequence) items (sm90_tiles.h, Args) as it finishes one. The producer
 // claims the next item from a counter in the workspace and hands it to the other warps
-// with its Q (two Q buffers where they fit), so that the next item's Q and first K / V
-// tiles are copied during the current item's last tiles and epilogue instead of after
-// the block's start; each item is then computed as in flash_fwd_sm90.
+// with its Q (two or three Q buffers: sm90_tiles.h, q_buffers), so that the next item's Q
+// and first K / V tiles are copied during the current item's last tiles and epilogue
+// instead of after the block's start; each item is then computed as in flash_fwd_sm90.
 //
 // Its own kernel rather than a flag of flash_fwd_sm90: built from one source, the one
 // block an item instances ran 3-6 % slower at d128 and d256 (H100, the same run; ptxas
@@ -51,7 +51,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
                                         threads);
   };
   // The padding rows' items (sequence `batch`, one a head: their consumers zero the rows
-  // past the last real sequence), which have no rows to compute but are walked.
+  // past the last real sequence), which have no rows to compute but are walked. Only the
+  // producer tests an item (a modulo and two divisions by run-time values); it hands a
+  // padding item over as handed_over(item, false) (below).
   auto is_padding = [&](int item) {
     return item % a.row_blocks == 0 && item / a.row_blocks / p.num_heads == p.batch;
   };
@@ -108,15 +110,24 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   // Stages and Q buffers are counted over the block's whole walk: tile g (the g-th the
   // block computes, across items) sits in stage g % ring, the i-th item's Q in buffer
   // i % kQBufs.
-  // The producer hands each item to the other warps with its Q: the item's index in an
-  // 8-byte slot a buffer (-1: the walk is over), written before q_full's arrival (a
-  // release; the waits acquire), read by every thread before its own arrival on q_empty
+  // The producer hands each item to the other warps with its Q: an int in an 8-byte slot a
+  // buffer, the item's index where it has rows to compute, -2 - index for a padding item,
+  // kWalkOver past the last (so that no other thread divides an index to tell: those
+  // divisions, every consumer thread's once an item, were 2.2 % of the d64 causal S = 512
+  // walk's executed instructions; ncu, H100, docs/benchmarks.md 2026-11-28 (38); the bf16
+  // d128 walk, which gained nothing else, took -2.8 / -1.4 % kernel time at S = 512
+  // causal / full and -0.9 % on the varlen row, base clock, one round (39)), written
+  // before q_full's arrival (a release; the waits acquire), read by every thread before
+  // its own arrival on q_empty
   // (each thread's: so that compute-sanitizer's racecheck sees every read ordered before
   // the slot's next write; with one arrival a warp after __syncwarp it reported a
   // write-after-read hazard).
   auto q_full = [&](int qb) { return bars + 8u * uint32_t(qb); };
   auto q_empty = [&](int qb) { return bars + 8u * uint32_t(kMaxQBuffers + qb); };
   auto item_slot = [&](int qb) { return bars + 8u * uint32_t(2 * kMaxQBuffers + qb); };
+  constexpr int kWalkOver = -1;
+  auto handed_over = [](int item, bool work) { return work ? item : -2 - item; };
+  auto padding_item = [](int handed) { return -2 - handed; };
   auto item_of = [&](int qb) {
     int item;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(item) : "r"(item_slot(qb)) : "memory");
@@ -149,15 +160,16 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
     // Q copied (also one whose rows see no key: its consumers stage their zeros in the
     // buffer) into buffer qi % kQBufs once that buffer's previous item has been written
     // out, then its K / V tiles; a padding item is handed over without a copy; past the
-    // last item, -1.
+    // last item, kWalkOver.
     if (paged ? threadIdx.x < 32 : threadIdx.x == 0) {
       if (threadIdx.x == 0) {
         sm90::prefetch_tensor_map(&a.q_map);
         sm90::prefetch_tensor_map(&a.k_map);
         sm90::prefetch_tensor_map(&a.v_map);
       }
-      // The item's index (or -1) into buffer qb's slot, then item blk's Q into the buffer
-      // (thread 0; not where !work: no rows to compute, or past the last item).
+      // The item as handed over (or kWalkOver) into buffer qb's slot, then item blk's Q
+      // into the buffer (thread 0; not where !work: no rows to compute, or past the last
+      // item).
       auto copy_q = [&](const FwdBlock& blk, int qb, bool work, int item) {
         asm volatile("st.shared.u32 [%0], %1;" ::"r"(item_slot(qb)), "r"(item) : "memory");
         if (!work) {
@@ -220,7 +232,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         if (threadIdx.x == 0) {
           if (qi >= kQBufs)
             sm90::mbar_wait</*kParked=*/true>(q_empty(qb), parity(qi - kQBufs, kQBufs));
-          copy_q(blk, qb, work, over ? -1 : item);
+          copy_q(blk, qb, work, over ? kWalkOver : handed_over(item, work));
         }
         if (over) break;
         const int next = claim(item);  // in flight while this item's tiles are copied
@@ -248,10 +260,10 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         const int item = item_of(qb);
         // an item handed over has rows to compute unless it is the padding rows' (fp8
         // writes O from registers: the consumers zero those rows)
-        const bool work = item >= 0 && !is_padding(item);
+        const bool work = item >= 0;
         if (work) blk = records[qi % kRecords];
         sm90::mbar_arrive(q_empty(qb));
-        if (item < 0) break;
+        if (item == kWalkOver) break;
         if (work) g += transpose_item(blk, g);
       }
     }
@@ -328,13 +340,13 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       // read by every lane, made warp-uniform (as blockIdx is: the stage indices and
       // descriptors made from it stay uniform)
       const int item = sm90::warp_uniform(item_of(qb));
-      if (item < 0) {
+      if (item == kWalkOver) {
         settle_o_store(qi);  // the block's shared memory outlives the copy engine's read
         break;
       }
       // an item handed over has rows to compute (located by the producer: its record)
       // unless it is the padding rows', which locate zeroes
-      const bool work = is_padding(item) ? locate(item, blk, ct, kConsumers)
+      const bool work = item < 0 ? locate(padding_item(item), blk, ct, kConsumers)
                                          : (blk = records[qi % kRecords], true);
       if (work) {
         const int own_tiles =

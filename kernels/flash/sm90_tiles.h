@@ -256,7 +256,7 @@ XLA_ATTN_HOST_DEVICE constexpr int vt_bytes(int d, int eb) { return eb == 1 ? d 
 // q_full and q_empty of each Q buffer and the item its Q belongs to (an int in an 8-byte
 // slot), then kMaxStages each of full_k, full_v, empty_k, empty_v and (fp8) full_vt,
 // empty_raw: 8 bytes each.
-constexpr int kMaxQBuffers = 2;
+constexpr int kMaxQBuffers = 3;
 XLA_ATTN_HOST_DEVICE constexpr int barrier_bytes(int eb) {
   return 8 * (3 * kMaxQBuffers + (eb == 1 ? 6 : 4) * kMaxStages);
 }
@@ -270,14 +270,26 @@ XLA_ATTN_HOST_DEVICE constexpr int layout_bytes(int d, int wgs, int eb, int q_bu
          vt_stages(d, eb, vt_given) * vt_bytes(d, eb) + barrier_bytes(eb) + valid_bytes(d, eb);
 }
 // A block walks several (row block, head, sequence) items where the grid would take
-// more than one wave (a persistent grid, fwd_sm90.cuh): with two Q buffers the producer
-// copies the next item's Q while the consumers still stage the current item's O in
-// theirs. Two wherever they fit (all but d256, whose 64 KB Q tiles do not).
+// more than one wave (a persistent grid, fwd_sm90.cuh): with more than one Q buffer the
+// producer copies the next item's Q while the consumers still stage the current item's O
+// in theirs. The producer copies item i + 1's Q once it has copied item i's last K / V
+// tile and item i + 1 - buffers has been written out: with two buffers, item i - 1, so
+// that where items are one or two tiles long (causal S = 512: 1 .. 4 tiles of 128 keys)
+// the copy had only item i's few tiles to land in. Three where they fit (d64's 16 and 24
+// KB tiles), else two (d128), else one (d256, whose 64 KB Q tiles do not fit twice).
+// H100, kernel time at the base clock (ncu), one round, with the padding items handed
+// over as such (fwd_sm90_walk.cuh), against two: bf16 d64 causal S = 512 / 1024 / 2048
+// -2.3 / -1.0 / -0.5 %, full S = 512 -1.4 %, 16384 -0.1 %; fp8 d64 causal 512 -1.3 %.
+// d128 fits a third only with two V stages instead of three (v_stages), and lost with
+// it: causal S = 512 / 1024 +4.6 / +5.6 %, full 512 / 2048 +11 / +1.7 %, varlen +4 %,
+// causal 8192 -1.6 % (two rounds; docs/benchmarks.md 2026-11-28 (39)).
 // One block an item has one (the same shared memory as before the walk: with 32 KB more
 // at d128 the L1 carve-out is smaller).
 XLA_ATTN_HOST_DEVICE constexpr int q_buffers(int d, int wgs, int eb = 2, bool walk = true) {
-  return walk && layout_bytes(d, wgs, eb, kMaxQBuffers, false) <= kSmemLimit ? kMaxQBuffers
-                                                                             : 1;
+  return !walk                                                        ? 1
+         : layout_bytes(d, wgs, eb, kMaxQBuffers, false) <= kSmemLimit ? kMaxQBuffers
+         : layout_bytes(d, wgs, eb, 2, false) <= kSmemLimit            ? 2
+                                                                        : 1;
 }
 // (the instance for V given transposed never walks: d256)
 XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb, bool walk, bool vt_given) {
@@ -291,9 +303,9 @@ static_assert(smem_bytes(256, 2, 2, false, false) <= kSmemLimit &&
                   kVtGivenStages <= kMaxStages,
               "the d256 (fp8: d128, d256, d256 with V given) tiles exceed sm_90's 227 KB a "
               "block");
-static_assert(q_buffers(128, 2) == 2 && q_buffers(64, 3) == 2 &&
-                  q_buffers(128, kFp8Wgs, 1) == 2 && q_buffers(64, kFp8Wgs, 1) == 2,
-              "d64 / d128 (16-bit and fp8) are meant to double their Q buffers");
+static_assert(q_buffers(64, 2) == 3 && q_buffers(64, 3) == 3 && q_buffers(64, kFp8Wgs, 1) == 3 &&
+                  q_buffers(128, 2) == 2 && q_buffers(128, kFp8Wgs, 1) == 2,
+              "d64 (16-bit and fp8) is meant to take three Q buffers, d128 two");
 
 // The persistent walk (fwd_sm90_walk.cuh) where it measured faster than one block an
 // item. H100, the same run, bf16, B x S = 16384, S = 512 / 1024 / 2048 / 4096 / 8192 /
