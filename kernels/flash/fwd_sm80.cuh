@@ -264,7 +264,15 @@ struct TileSoftmax {
   // Row (mt, hf)'s exponentials exp2(x exp_mul - m) in place, and their sum; kMask: keys
   // outside [lo, hi) (visible) are 0. kKeep > 0: only the first kKeep n8 tiles' (the rest
   // 0 and left out of the sum, which otherwise adds the same terms in the same order).
-  template <bool kMask, int kKeep = 0, int kMT, int kNT>
+  // !kLeft: no left window, so lo <= 0 and only hi is tested (a compare an element less;
+  // the two compares were 4.3 % of the d64 causal S = 512 walk's executed instructions,
+  // ncu, H100, docs/benchmarks.md 2026-11-28 (38)). H100, kernel time at the base clock,
+  // one round against both compares: bf16 d64 causal S = 512 / 1024 / 2048 -4.2 / -3.3 /
+  // -2.5 %, d128 causal 512 -1.5 %, varlen -1.2 %, fp8 d64 causal 512 -2.8 %, full rows
+  // within 0.3 % (docs/benchmarks.md 2026-11-28 (39)). The max pass's test (run_with)
+  // keeps both: a third copy of its body there grew the d64 walk by 1,350 instructions and
+  // the three-warpgroup walk's spills from 120 to 176 bytes.
+  template <bool kMask, int kKeep = 0, bool kLeft = true, int kMT, int kNT>
   __device__ __forceinline__ float row_exps(float (&sc)[kMT][kNT][4], int mt, int hf, float m,
                                             int lo = 0, int hi = 0) const {
     constexpr int kTiles = kKeep > 0 ? kKeep : kNT;
@@ -280,7 +288,7 @@ struct TileSoftmax {
         }
         x = fast_exp2(fmaf(x, exp_mul, -m));
         if constexpr (kMask) {
-          if (nt * 8 + e < lo || nt * 8 + e >= hi) x = 0.f;
+          if ((kLeft && nt * 8 + e < lo) || nt * 8 + e >= hi) x = 0.f;
         }
         sum += x;
       }
@@ -295,19 +303,21 @@ struct TileSoftmax {
   // computes S again and runs run_with); else the lane's row sums in sum (l not yet
   // updated). Only for rows that have a max (m > -inf) and without softcap, ALiBi, a
   // score factor <= 0 or absent pages (the caller's test).
-  template <bool kMask, bool kSkip = false, int kMT, int kNT>
+  template <bool kMask, bool kSkip = false, bool kLeft = true, int kMT, int kNT>
   __device__ __forceinline__ bool exps_at_max(float (&sc)[kMT][kNT][4], const float (&m)[kMT][2],
                                               float (&sum)[kMT][2]) const {
     constexpr int kBlockN = kNT * 8;
     if constexpr (kMask && kSkip) {
-      if (warp_sees_first_half<kMT, kBlockN>()) return exps_in_rows<kMask, kNT / 2>(sc, m, sum);
+      if (warp_sees_first_half<kMT, kBlockN>()) {
+        return exps_in_rows<kMask, kNT / 2, kLeft>(sc, m, sum);
+      }
     }
-    return exps_in_rows<kMask, 0>(sc, m, sum);
+    return exps_in_rows<kMask, 0, kLeft>(sc, m, sum);
   }
 
   // exps_at_max's rows: each row's exponentials (row_exps, its first kKeep n8 tiles, 0:
   // all) and sum; false where a sum passes 2^kMaxSlack.
-  template <bool kMask, int kKeep, int kMT, int kNT>
+  template <bool kMask, int kKeep, bool kLeft, int kMT, int kNT>
   __device__ __forceinline__ bool exps_in_rows(float (&sc)[kMT][kNT][4], const float (&m)[kMT][2],
                                                float (&sum)[kMT][2]) const {
     constexpr int kBlockN = kNT * 8;
@@ -318,7 +328,7 @@ struct TileSoftmax {
       for (int hf = 0; hf < 2; ++hf) {
         int lo = 0, hi = kBlockN;
         if constexpr (kMask) visible<kBlockN>(mt, hf, &lo, &hi);
-        sum[mt][hf] = row_exps<kMask, kKeep>(sc, mt, hf, m[mt][hf], lo, hi);
+        sum[mt][hf] = row_exps<kMask, kKeep, kLeft>(sc, mt, hf, m[mt][hf], lo, hi);
         ok &= sum[mt][hf] <= kMaxSlackExp;
       }
     }
