@@ -279,10 +279,10 @@ XLA_ATTN_HOST_DEVICE constexpr int layout_bytes(int d, int wgs, int eb, int q_bu
 // KB tiles), else two (d128), else one (d256, whose 64 KB Q tiles do not fit twice).
 // H100, kernel time at the base clock (ncu), one round, with the padding items handed
 // over as such (fwd_sm90_walk.cuh), against two: bf16 d64 causal S = 512 / 1024 / 2048
-// -2.3 / -1.0 / -0.5 %, full S = 512 -1.4 %, 16384 -0.1 %; fp8 d64 causal 512 -1.3 %.
+// -2.3 / -1.1 / -0.5 %, full S = 512 -1.4 %, 16384 -0.1 %; fp8 d64 causal 512 -1.3 %.
 // d128 fits a third only with two V stages instead of three (v_stages), and lost with
-// it: causal S = 512 / 1024 +4.6 / +5.6 %, full 512 / 2048 +11 / +1.7 %, varlen +4 %,
-// causal 8192 -1.6 % (two rounds; docs/benchmarks.md 2026-11-28 (39)).
+// it: causal S = 512 / 1024 +4.3 / +5.5 %, full 512 / 2048 +11 / +1.4 %, varlen +3.9 %,
+// causal 8192 -2.2 % (best of two rounds; docs/benchmarks.md 2026-11-28 (39)).
 // One block an item has one (the same shared memory as before the walk: with 32 KB more
 // at d128 the L1 carve-out is smaller).
 XLA_ATTN_HOST_DEVICE constexpr int q_buffers(int d, int wgs, int eb = 2, bool walk = true) {
