@@ -347,7 +347,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       // an item handed over has rows to compute (located by the producer: its record)
       // unless it is the padding rows', which locate zeroes
       const bool work = item < 0 ? locate(padding_item(item), blk, ct, kConsumers)
-                                         : (blk = records[qi % kRecords], true);
+                                 : (blk = records[qi % kRecords], true);
       if (work) {
         const int own_tiles =
             kPassesTiles ? sm90::warp_uniform(wg_tiles_of(qi)[wg]) : 0;
