@@ -302,17 +302,29 @@ struct TileSoftmax {
   // 2^kMaxSlack (then some exponent may, and sc no longer holds the scores: the caller
   // computes S again and runs run_with); else the lane's row sums in sum (l not yet
   // updated). Only for rows that have a max (m > -inf) and without softcap, ALiBi, a
-  // score factor <= 0 or absent pages (the caller's test).
-  template <bool kMask, bool kSkip = false, bool kLeft = true, int kMT, int kNT>
+  // score factor <= 0 or absent pages (the caller's test). A masked tile without a left
+  // window (causal) tests only the right edge (row_exps, kLeft).
+  template <bool kMask, bool kSkip = false, int kMT, int kNT>
   __device__ __forceinline__ bool exps_at_max(float (&sc)[kMT][kNT][4], const float (&m)[kMT][2],
                                               float (&sum)[kMT][2]) const {
-    constexpr int kBlockN = kNT * 8;
-    if constexpr (kMask && kSkip) {
-      if (warp_sees_first_half<kMT, kBlockN>()) {
-        return exps_in_rows<kMask, kNT / 2, kLeft>(sc, m, sum);
+    if constexpr (kMask) {
+      return win.left < 0 ? masked_exps<kSkip, false>(sc, m, sum)
+                          : masked_exps<kSkip, true>(sc, m, sum);
+    }
+    return exps_in_rows<false, 0, true>(sc, m, sum);
+  }
+
+  // exps_at_max of a masked tile, kLeft as row_exps takes it; kSkip: the warp skips the
+  // tile's second half where none of its rows sees a key there.
+  template <bool kSkip, bool kLeft, int kMT, int kNT>
+  __device__ __forceinline__ bool masked_exps(float (&sc)[kMT][kNT][4], const float (&m)[kMT][2],
+                                              float (&sum)[kMT][2]) const {
+    if constexpr (kSkip) {
+      if (warp_sees_first_half<kMT, kNT * 8>()) {
+        return exps_in_rows<true, kNT / 2, kLeft>(sc, m, sum);
       }
     }
-    return exps_in_rows<kMask, 0, kLeft>(sc, m, sum);
+    return exps_in_rows<true, 0, kLeft>(sc, m, sum);
   }
 
   // exps_at_max's rows: each row's exponentials (row_exps, its first kKeep n8 tiles, 0:

@@ -256,10 +256,7 @@ __device__ __forceinline__ int softmax_at_running_max(const sm80::TileSoftmax& t
   float sum[1][2];
   bool ok = m[0][0] > -XLA_ATTN_INF && m[0][1] > -XLA_ATTN_INF;
   if (ok) {
-    // a masked tile without a left window (causal) tests only the right edge
-    ok = !mask                ? tsm.exps_at_max<false>(sc, m, sum)
-         : tsm.win.left < 0 ? tsm.exps_at_max<true, kSkipHalf, /*kLeft=*/false>(sc, m, sum)
-                            : tsm.exps_at_max<true, kSkipHalf>(sc, m, sum);
+    ok = mask ? tsm.exps_at_max<true, kSkipHalf>(sc, m, sum) : tsm.exps_at_max<false>(sc, m, sum);
   }
   if (!sm90::named_barrier_all(kVoteBarrier + wg, 128, ok)) return -1;
   l[0][0] += sum[0][0];
