@@ -68,6 +68,17 @@ def test_local_in_gmma_span_counts_spills_between_products():
     assert sr.local_in_gmma_span(["LDL", "STL", "HMMA"]) == 0  # no wgmma: no span
 
 
+def test_ptxas_notes_keep_warnings_and_wgmma_notes_only():
+    log = ("ptxas info    : Compiling entry function 'k'\n"
+           "ptxas info    : (C7517) warpgroup.wait is injected in around line 12 by compiler\n"
+           "ptxas info    : Used 168 registers\n"
+           "ptxas warning : Registers are spilled to local memory in function 'k'\n")
+    assert sr.ptxas_notes(log) == [
+        "ptxas info    : (C7517) warpgroup.wait is injected in around line 12 by compiler",
+        "ptxas warning : Registers are spilled to local memory in function 'k'"]
+    assert sr.ptxas_notes("ptxas info    : Used 40 registers\n") == []
+
+
 def test_ptxas_info():
     assert sr.ptxas_info(PTXAS) == {"kern_a": (255, 40, 64), "kern_b": (96, 0, 0)}
 

@@ -205,6 +205,15 @@ def disassemble_lines(cubin: pathlib.Path, kernel: str) -> list[tuple[str, str, 
     return source_lines(listing, kernel)
 
 
+def ptxas_notes(log: str) -> list[str]:
+    """ptxas's warnings and its wgmma notes in `log`, which no column of the table shows:
+    C7514 / C7515 (products serialized: an accumulator read or written by other
+    instructions inside a product's pipeline stage), C7517 / C7519 (a wait or arrive
+    injected), e.g. for a product left in flight across a loop's back edge
+    (docs/benchmarks.md, 2026-11-28 (40))."""
+    return [line.strip() for line in log.splitlines() if "warning" in line or "(C75" in line]
+
+
 def ptxas_info(log: str) -> dict[str, tuple[int, int, int]]:
     """Kernel name -> (registers, spill store bytes, spill load bytes) from ptxas -v."""
     info, name, spill = {}, None, (0, 0)
@@ -257,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{ops.count('LDL') + ops.count('STL'):7} {local_in_gmma_span(ops):5} "
               f"{ops.count('BAR'):4}" + (f"   {against_mark(name, ins, before)}"
                                          if before is not None else ""))
+    for line in ptxas_notes(log):
+        print(line)
     return 0
 
 
