@@ -12,6 +12,8 @@ With --against (a --dump of an earlier build, e.g. of main before a change), als
 each kernel's machine code is the same as there: "=" the same instructions, "~" changed,
 "+" not in that dump. A change meant for some kernels should leave the others "=", and a
 timing taken before a comment-only edit still holds where every kernel is "=".
+Below the table: ptxas's warnings and its wgmma notes (ptxas_notes), e.g. products it
+serialized, which the build refuses.
 
 Why this check exists: on 2026-11-23, ncu on an H100 traced most of the sm80 forward's
 gap to FA2 to two things, both visible in the SASS without a GPU. The S = Q K^T mma waited
