@@ -143,26 +143,42 @@ def test_call_seconds_sum_each_calls_kernels_and_drop_the_first():
         ab.call_seconds([], 3)
 
 
-def test_ncu_mode_times_each_config_by_its_kernels(tmp_path, monkeypatch, capsys):
-    """--ncu end to end on the installed package (host path), with a stand-in for ncu
-    that runs the program and logs NCU_CALLS launches of 1 ms: each config's figure is
-    its FLOPs over 1 ms, and each config ran in a process of its own."""
-    pytest.importorskip("jax")
-    sys.path.insert(0, str(pathlib.Path(ab.__file__).parent))
-    from bench import varlen_flops
+def fake_ncu(tmp_path, log_rows: str) -> dict:
+    """A stand-in for ncu on PATH (the env to run under): it runs the program, notes the
+    run and its XLA_FLAGS in LOG.runs, and writes log_rows as ncu's CSV log."""
     fake = tmp_path / "bin" / "ncu"
-    fake.parent.mkdir()
-    rows = "".join(f'echo \'"{i}","xla_attn_k","{ab.NCU_METRIC}","ns","1,000,000"\'\n'
-                   for i in range(ab.NCU_CALLS))
+    fake.parent.mkdir(exist_ok=True)
+    (tmp_path / "rows.csv").write_text(log_rows)
     fake.write_text("#!/bin/sh\n"
                     'while [ "$1" != "--log-file" ]; do shift; done\n'
                     'log=$2; shift 2\n"$@" || exit $?\n'
                     'echo "ran $XLA_FLAGS" >> "$log.runs"\n'
                     "{ echo '==PROF== Disconnected'\n"
                     "echo '\"ID\",\"Kernel Name\",\"Metric Name\",\"Metric Unit\",\"Metric Value\"'\n"
-                    + rows + '} > "$log"\n')
+                    f"cat {tmp_path / 'rows.csv'}\n" + '} > "$log"\n')
     fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    return dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+
+
+def ncu_rows(kernels: list[str], first_id: int = 0) -> str:
+    """ncu CSV rows: one launch of each kernel, 1 ms each."""
+    return "".join(f'"{first_id + i}","{k}","{ab.NCU_METRIC}","ns","1,000,000"\n'
+                   for i, k in enumerate(kernels))
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_ncu_mode_times_each_config_by_its_kernels(tmp_path, capsys, batched):
+    """--ncu end to end on the installed package (host path), with a stand-in for ncu
+    that logs NCU_CALLS launches of 1 ms a config: each config's figure is its FLOPs over
+    1 ms. Batched: one process for both configs, their launches told apart by the marker
+    launch after each; where the log has no markers (the other case), a process a config
+    after the batched one."""
+    pytest.importorskip("jax")
+    sys.path.insert(0, str(pathlib.Path(ab.__file__).parent))
+    from bench import varlen_flops
+    calls = ["xla_attn_k"] * ab.NCU_CALLS
+    marker = [f"xla_attn_{ab.MARK_KERNEL}_flash_portable_bf16_bf16"]
+    env = fake_ncu(tmp_path, ncu_rows((calls + marker) * 2 if batched else calls))
     configs = ab.parse_configs("bf16:64:64:causal,bf16:128:128", 256)
     got = ab.run_under_ncu(configs, "fwd", 256, env, "the installed package", 120.0, tmp_path)
     assert set(got) == {"bf16 d64 S64 causal", "bf16 d128 S128 full"}
@@ -171,14 +187,25 @@ def test_ncu_mode_times_each_config_by_its_kernels(tmp_path, monkeypatch, capsys
     assert got["bf16 d128 S128 full"][0] == pytest.approx(
         varlen_flops([128] * 2, 16, 128, False, False) / 1e-3 / 1e12)
     assert all(0 < err < 2e-2 for _, err in got.values())
-    # one process a config, XLA's autotuning off in each (ncu serialises its launches)
+    # XLA's autotuning off in each process (ncu serialises its launches)
     runs = (tmp_path / "ncu.csv.runs").read_text().splitlines()
-    assert len(runs) == 2
+    assert len(runs) == (1 if batched else 3)
     assert all(r.startswith("ran") and r.endswith("--xla_gpu_autotune_level=0") for r in runs)
     # each config's time as it comes, for a run a time bound cuts short
     err = capsys.readouterr().err
     assert "bf16 d64 S64 causal: 1000.0 us a call" in err
     assert "bf16 d128 S128 full: 1000.0 us a call" in err
+    assert ("one process for all configs failed" in err) != batched
+
+
+def test_split_at_marks_needs_a_mark_after_each_config():
+    mark = f"xla_attn_{ab.MARK_KERNEL}_x"
+    launches = [("a", 1.0), ("b", 2.0), (mark, 9.0), ("a", 3.0), (mark, 9.0)]
+    assert ab.split_at_marks(launches, 2) == [[1.0, 2.0], [3.0]]
+    with pytest.raises(ValueError, match="2 marker launches .* for 3 configs"):
+        ab.split_at_marks(launches, 3)
+    with pytest.raises(ValueError, match="launches after the last"):
+        ab.split_at_marks(launches + [("a", 1.0)], 2)
 
 
 def test_ncu_mode_needs_ncu(monkeypatch, capsys):

@@ -49,6 +49,9 @@ import time
 VARLEN_SEQS = 16  # the varlen row's sequences, as tools/bench.py's (sizes.varlen["n"])
 # --ncu: calls profiled a config, the first (compile and warm-up) then dropped
 NCU_CALLS = 7
+# --ncu, configs batched in one process: the kernel of the marker call after each config's
+# calls (a one-row reshape_and_cache_flash), which no timed op launches
+MARK_KERNEL = "reshape_and_cache"
 NCU_METRIC = "gpu__time_duration.sum"
 NCU_SECONDS = {"ns": 1e-9, "nsecond": 1e-9, "us": 1e-6, "usecond": 1e-6, "ms": 1e-3,
                "msecond": 1e-3, "s": 1.0, "second": 1.0}
@@ -66,6 +69,11 @@ import jax, jax.numpy as jnp
 from bench import measure, varlen_flops, varlen_lengths
 from xla_attn import jax as xj
 res = {}
+if MARK:  # a tiny cache write, whose kernel (MARK_KERNEL) ends each config's launches
+    mark_cache = jnp.zeros((1, 16, 1, 16), jnp.bfloat16)
+    mark_rows = jnp.ones((1, 1, 16), jnp.bfloat16)
+    mark = jax.jit(lambda c: xj.reshape_and_cache_flash(mark_rows, mark_rows, c, c,
+                                                        jnp.zeros((1,), jnp.int32)))
 for dt, d, s, causal, page in CONFIGS:
     h = 2048 // d
     # s <= 0: the varlen row (lengths of seed -s), its sequences one batch row (1, total,
@@ -117,6 +125,8 @@ for dt, d, s, causal, page in CONFIGS:
     if CALLS:  # the first was the call above; ncu times them
         for _ in range(CALLS - 1):
             jax.block_until_ready(fn(*args))
+        if MARK:
+            jax.block_until_ready(mark(mark_cache))
         value = flops
     else:
         t = measure(lambda i: fn(*args), jax.block_until_ready, budget_s=0.4,
@@ -171,10 +181,11 @@ def wheel_file(arg: str) -> tuple[pathlib.Path, dict[str, str]]:
     return path, (json.loads(env_file.read_text()) if env_file.exists() else {})
 
 
-def child_code(configs, op: str, tokens: int, calls: int = 0) -> str:
-    """The program a wheel's process runs (CHILD with its inputs prepended)."""
+def child_code(configs, op: str, tokens: int, calls: int = 0, mark: bool = False) -> str:
+    """The program a wheel's process runs (CHILD with its inputs prepended); mark: a
+    marker launch (MARK_KERNEL) after each config's calls."""
     return (f"CONFIGS = {configs!r}\nOP = {op!r}\nTOKENS = {tokens}\n"
-            f"VARLEN_SEQS = {VARLEN_SEQS}\nCALLS = {calls}\n"
+            f"VARLEN_SEQS = {VARLEN_SEQS}\nCALLS = {calls}\nMARK = {mark!r}\n"
             f"TOOLS = {str(pathlib.Path(__file__).resolve().parent)!r}\n" + CHILD)
 
 
@@ -201,6 +212,12 @@ def run_child(code: str, env: dict[str, str], label: str, timeout: float | None 
 def ncu_launch_seconds(text: str) -> list[float]:
     """Each profiled launch's NCU_METRIC in seconds, in launch order, from the CSV that
     `ncu --csv --metrics NCU_METRIC` writes (its own lines before the header skipped)."""
+    return [t for _, t in ncu_launches(text)]
+
+
+def ncu_launches(text: str) -> list[tuple[str, float]]:
+    """Each profiled launch's kernel name and NCU_METRIC in seconds, in launch order
+    (ncu_launch_seconds)."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
     if start is None:
@@ -213,9 +230,26 @@ def ncu_launch_seconds(text: str) -> list[float]:
         if unit not in NCU_SECONDS:
             raise ValueError(f"ncu reported {NCU_METRIC} in {unit!r}, expected one of "
                              f"{sorted(NCU_SECONDS)}")
-        got.append((int(row["ID"]), float(row["Metric Value"].replace(",", "")) *
-                    NCU_SECONDS[unit]))
-    return [t for _, t in sorted(got)]
+        got.append((int(row["ID"]), row.get("Kernel Name", ""),
+                    float(row["Metric Value"].replace(",", "")) * NCU_SECONDS[unit]))
+    return [(name, t) for _, name, t in sorted(got)]
+
+
+def split_at_marks(launches: list[tuple[str, float]], configs: int) -> list[list[float]]:
+    """The launches of a batched process (one config after another, each followed by
+    a MARK_KERNEL launch) as each config's launch times; ValueError unless there are
+    exactly `configs` marks, the last one last."""
+    runs, run = [], []
+    for name, t in launches:
+        if MARK_KERNEL in name:
+            runs.append(run)
+            run = []
+        else:
+            run.append(t)
+    if run or len(runs) != configs:
+        raise ValueError(f"{len(runs)} marker launches ({MARK_KERNEL}) for {configs} configs"
+                         f"{' and launches after the last' if run else ''}")
+    return runs
 
 
 def call_seconds(launches: list[float], calls: int) -> list[float]:
@@ -246,17 +280,48 @@ def run_wheel(arg: str, configs, op: str, tokens: int, timeout: float | None = N
         return run_child(child_code(configs, op, tokens), env, arg, timeout)
 
 
+def report_ncu(label: str, got: dict, launches: list[float], res: dict) -> None:
+    """One config's result from its process (got: {key: (FLOPs, error)}) and its
+    launches' times into res, printed as it comes (stderr), so that a run cut short by a
+    time bound keeps it; ValueError where the launches are not NCU_CALLS calls."""
+    med = statistics.median(call_seconds(launches, NCU_CALLS))
+    for key, (flops, err) in got.items():
+        res[key] = (flops / med / 1e12, err)
+        print(f"ab_wheels: {label} {key}: {med * 1e6:.1f} us a call, "
+              f"{res[key][0]:.4g} TFLOP/s", file=sys.stderr, flush=True)
+
+
 def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str,
                   timeout: float | None, folder: pathlib.Path) -> dict[str, tuple[float, float]]:
-    """--ncu: each config in a process of its own under ncu_command (its log in `folder`),
-    so that the launches profiled are its calls'; {config: (TFLOP/s from the median call's
-    kernel time, error)}, without the configs whose process or profile failed."""
+    """--ncu: {config: (TFLOP/s from the median call's kernel time, error)}, without the
+    configs whose process or profile failed. All configs in one process under ncu_command
+    (its log in `folder`), a marker launch after each config's calls telling their
+    launches apart (split_at_marks); where that fails, each config in a process of its
+    own, so that the launches profiled are its calls' (a process costs ~15 s under ncu,
+    most of it starting JAX: 2026-11-28, H100)."""
     res, log = {}, folder / "ncu.csv"
     # XLA's autotuning of the reference's f32 products launches hundreds of kernels, each
     # serialized by ncu: a config's process took ~55 s with it, two configs 14 s without
     # (2026-11-28, H100); our custom calls are not autotuned
     flags = f"{env.get('XLA_FLAGS', '')} --xla_gpu_autotune_level=0".strip()
     env = dict(env, XLA_FLAGS=flags)
+    if len(configs) > 1:
+        log.unlink(missing_ok=True)
+        bound = None if timeout is None else timeout * len(configs)
+        got = run_child(child_code(configs, op, tokens, NCU_CALLS, mark=True), env, label,
+                        bound, ncu_command(str(log)))
+        try:
+            runs = split_at_marks(ncu_launches(log.read_text() if log.exists() else ""),
+                                  len(configs))
+            if len(got) != len(configs):
+                raise ValueError(f"{len(got)} results for {len(configs)} configs")
+            for (key, value), launches in zip(got.items(), runs):
+                report_ncu(label, {key: value}, launches, res)
+            return res
+        except ValueError as e:
+            print(f"ab_wheels: {label}: one process for all configs failed ({e}); a process "
+                  "a config", file=sys.stderr, flush=True)
+            res = {}
     for config in configs:
         log.unlink(missing_ok=True)
         got = run_child(child_code([config], op, tokens, NCU_CALLS), env, label, timeout,
@@ -264,16 +329,10 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
         if not got:
             continue
         try:
-            med = statistics.median(call_seconds(
-                ncu_launch_seconds(log.read_text() if log.exists() else ""), NCU_CALLS))
+            report_ncu(label, got, ncu_launch_seconds(log.read_text() if log.exists() else ""),
+                       res)
         except ValueError as e:
             print(f"ab_wheels: {label} {config}: {e}", file=sys.stderr, flush=True)
-            continue
-        for key, (flops, err) in got.items():
-            res[key] = (flops / med / 1e12, err)
-            # as it comes (stderr), so that a run cut short by a time bound keeps it
-            print(f"ab_wheels: {label} {key}: {med * 1e6:.1f} us a call, "
-                  f"{res[key][0]:.4g} TFLOP/s", file=sys.stderr, flush=True)
     return res
 
 
