@@ -24,10 +24,12 @@ the best rounds and of the medians, and each wheel's spread (its slowest round's
 from its best, %: a ratio inside it is noise). A comparison tool, not a benchmark of record: tools/bench.py is (peers, ceilings, environment).
 
 --ncu: the time is our kernels' own, at the GPU's base clock, rather than the wall time of
-calls at whatever clock the GPU boosts to: each config of each wheel runs in its own
-process under Nsight Compute (`ncu --clock-control base`, metric gpu__time_duration, our
-kernels only), which times NCU_CALLS calls; a call's time is the sum of its kernels', and
-the figure the median of the calls after the first. On the noisy H100s of
+calls at whatever clock the GPU boosts to: a wheel's configs run in one process under
+Nsight Compute (`ncu --clock-control base`, metric gpu__time_duration, our kernels only),
+each config's calls followed by a marker launch that tells them apart (where that process
+fails, each config in a process of its own), and ncu times NCU_CALLS calls a config; a
+call's time is the sum of its kernels', and the figure the median of the calls after the
+first. On the noisy H100s of
 docs/benchmarks.md section (37), calls of one process read within 0.3 % of each other
 this way, processes within about 2.5 %, where boosted wall-clock rounds spread 5-10 %.
 """
@@ -307,9 +309,12 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
     env = dict(env, XLA_FLAGS=flags)
     if len(configs) > 1:
         log.unlink(missing_ok=True)
-        bound = None if timeout is None else timeout * len(configs)
+        # bounded as one config's process is (--wheel-timeout's default, 60 + 20 s a
+        # config, is about 6x what a batched process took: 2 configs in ~15 s, H200): the
+        # first run of this form, with a bound of that times the configs, held its GPU call
+        # for 600 s and never finished (docs/benchmarks.md, 2026-11-28 (40))
         got = run_child(child_code(configs, op, tokens, NCU_CALLS, mark=True), env, label,
-                        bound, ncu_command(str(log)))
+                        timeout, ncu_command(str(log)))
         try:
             runs = split_at_marks(ncu_launches(log.read_text() if log.exists() else ""),
                                   len(configs))
