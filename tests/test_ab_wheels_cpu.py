@@ -160,9 +160,9 @@ def fake_ncu(tmp_path, log_rows: str) -> dict:
     return dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
 
 
-def ncu_rows(kernels: list[str], first_id: int = 0) -> str:
-    """ncu CSV rows: one launch of each kernel, 1 ms each."""
-    return "".join(f'"{first_id + i}","{k}","{ab.NCU_METRIC}","ns","1,000,000"\n'
+def ncu_rows(kernels: list[str]) -> str:
+    """ncu CSV rows: one launch of each kernel, in order, 1 ms each."""
+    return "".join(f'"{i}","{k}","{ab.NCU_METRIC}","ns","1,000,000"\n'
                    for i, k in enumerate(kernels))
 
 
