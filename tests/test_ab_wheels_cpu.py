@@ -4,6 +4,7 @@ import math
 import os
 import pathlib
 import sys
+import time
 
 import pytest
 
@@ -111,6 +112,28 @@ def test_a_process_past_its_timeout_is_killed_and_its_round_fails(capsys):
                        dict(os.environ), "a hanging wheel", timeout=2.0)
     assert got == {}
     assert "a hanging wheel killed after 2 s" in capsys.readouterr().err
+
+
+def test_a_killed_process_takes_its_children_and_says_how_far_it_got(capsys):
+    """A process past its timeout is killed with every process it started (as ncu starts
+    the Python it profiles), and the message names its last progress line."""
+    code = ("import subprocess, sys, time\n"
+            "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"print({ab.PROGRESS!r} + 'bf16 d128 S512 full: started', flush=True)\n"
+            "print('kid', kid.pid, file=sys.stderr, flush=True)\n"
+            "time.sleep(60)")
+    got = ab.run_child(code, dict(os.environ), "a hanging wheel", timeout=3.0)
+    assert got == {}
+    err = capsys.readouterr().err
+    assert "its last progress: bf16 d128 S512 full: started" in err
+    kid = int(next(line.split()[1] for line in err.splitlines() if line.startswith("kid ")))
+    stat = pathlib.Path(f"/proc/{kid}/stat")
+    for _ in range(50):  # gone, or a zombie where nothing reaps it
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the hanging process's child outlived it")
 
 
 NCU_LOG = """==PROF== Connected to process 2546 (/usr/bin/python3.12)

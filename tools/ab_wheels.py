@@ -42,6 +42,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,7 +61,11 @@ NCU_SECONDS = {"ns": 1e-9, "nsecond": 1e-9, "us": 1e-6, "usecond": 1e-6, "ms": 1
 DEFAULT_CONFIGS = ("bf16:64:512:causal,bf16:64:2048,bf16:128:512,bf16:128:512:causal,"
                    "bf16:128:4096,bf16:128:16384:causal,bf16:256:4096,fp8:128:512,fp8:128:8192")
 
-# Runs in the wheel's process: CONFIGS, OP, TOKENS, VARLEN_SEQS, CALLS and TOOLS (this
+# The start of the lines a wheel's process prints as it goes (flushed), so that where it is
+# killed, run_child can say how far it got.
+PROGRESS = "ab_wheels progress: "
+
+# Runs in the wheel's process: CONFIGS, OP, TOKENS, VARLEN_SEQS, CALLS, PROGRESS and TOOLS (this
 # folder, for tools/bench.py's timing and FLOP count) are prepended. CALLS (--ncu): the
 # process makes that many calls in all, for ncu to time, and reports each config's FLOPs
 # in place of TFLOP/s.
@@ -78,6 +83,10 @@ if MARK:  # a tiny cache write, whose kernel (MARK_KERNEL) ends each config's la
                                                         jnp.zeros((1,), jnp.int32)))
 for dt, d, s, causal, page in CONFIGS:
     h = 2048 // d
+    name = f"S{s}" if s > 0 else f"varlen{-s}" if s else "varlen"
+    name += f" paged{page}" if page else ""
+    key = f"{dt} d{d} {name} {'causal' if causal else 'full'}"
+    print(f"{PROGRESS}{key}: started", flush=True)  # (run_child: where a process hung)
     # s <= 0: the varlen row (lengths of seed -s), its sequences one batch row (1, total,
     # H, D) of the packed rows
     lens = ([s] * (TOKENS // s) if s > 0
@@ -112,6 +121,7 @@ for dt, d, s, causal, page in CONFIGS:
     else:
         fn = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
     out = jax.block_until_ready(fn(*args))
+    print(f"{PROGRESS}{key}: compiled, first call made", flush=True)
     # batch row 0 (varlen: sequence 0), heads 0 and 1
     qr, kr, vr = (x[:1, :lens[0], :2].astype(jnp.float32) for x in (q, k, v))
     ref_f = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
@@ -127,6 +137,7 @@ for dt, d, s, causal, page in CONFIGS:
     if CALLS:  # the first was the call above; ncu times them
         for _ in range(CALLS - 1):
             jax.block_until_ready(fn(*args))
+        print(f"{PROGRESS}{key}: {CALLS} calls made", flush=True)
         if MARK:
             jax.block_until_ready(mark(mark_cache))
         value = flops
@@ -134,9 +145,7 @@ for dt, d, s, causal, page in CONFIGS:
         t = measure(lambda i: fn(*args), jax.block_until_ready, budget_s=0.4,
                     max_samples=7)["s"]
         value = flops / t / 1e12
-    name = f"S{s}" if s > 0 else f"varlen{-s}" if s else "varlen"
-    name += f" paged{page}" if page else ""
-    res[f"{dt} d{d} {name} {'causal' if causal else 'full'}"] = (value, err)
+    res[key] = (value, err)
 print("RESULT " + json.dumps(res))
 '''
 
@@ -188,26 +197,43 @@ def child_code(configs, op: str, tokens: int, calls: int = 0, mark: bool = False
     marker launch (MARK_KERNEL) after each config's calls."""
     return (f"CONFIGS = {configs!r}\nOP = {op!r}\nTOKENS = {tokens}\n"
             f"VARLEN_SEQS = {VARLEN_SEQS}\nCALLS = {calls}\nMARK = {mark!r}\n"
+            f"PROGRESS = {PROGRESS!r}\n"
             f"TOOLS = {str(pathlib.Path(__file__).resolve().parent)!r}\n" + CHILD)
 
 
 def run_child(code: str, env: dict[str, str], label: str, timeout: float | None = None,
               prefix: tuple[str, ...] = ()) -> dict[str, tuple[float, float]]:
     """Runs child_code's program (under the command `prefix`, e.g. ncu's); its {config:
-    (TFLOP/s, error)}, or {} where it failed or ran past `timeout` seconds (killed: a
-    kernel that never ends holds its process, and without a bound the whole comparison,
-    forever)."""
+    (TFLOP/s, error)}, or {} where it failed or ran past `timeout` seconds. Then its whole
+    process group is killed, and its last progress line (PROGRESS) printed: a kernel that
+    never ends holds its process, and without a bound the whole comparison, forever.
+    Where only ncu was killed (the direct child), the Python process it profiled could
+    run on, and the next process under ncu, normally ~10 s, made no progress in 70 s
+    (docs/benchmarks.md, 2026-11-28 (41))."""
+    proc = subprocess.Popen([*prefix, sys.executable, "-c", code], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     try:
-        run = subprocess.run([*prefix, sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, check=False, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        print(f"ab_wheels: {label} killed after {timeout:g} s (a kernel that never ends?)\n"
-              f"{(e.stdout or b'')[-2000:]!r}", file=sys.stderr, flush=True)
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        try:  # (a process inside a driver call may take a while to die)
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out, err = "", ""
+        got = [line for line in out.splitlines() if line.startswith(PROGRESS)]
+        where = got[-1][len(PROGRESS):] if got else "before its first config started"
+        print(f"ab_wheels: {label} killed after {timeout:g} s (a kernel that never ends?); "
+              f"its last progress: {where}\n{err[-2000:]}", file=sys.stderr, flush=True)
         return {}
-    for line in run.stdout.splitlines():
+    finally:
+        if proc.poll() is None:  # (an exception other than the timeout)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for line in out.splitlines():
         if line.startswith("RESULT "):
             return {k: tuple(v) for k, v in json.loads(line[7:]).items()}
-    print(f"ab_wheels: {label} failed\n{run.stdout[-2000:]}{run.stderr[-3000:]}", file=sys.stderr)
+    print(f"ab_wheels: {label} failed\n{out[-2000:]}{err[-3000:]}", file=sys.stderr)
     return {}
 
 
