@@ -226,10 +226,9 @@ def run_child(code: str, env: dict[str, str], label: str, timeout: float | None 
         print(f"ab_wheels: {label} killed after {timeout:g} s (a kernel that never ends?); "
               f"its last progress: {where}\n{err[-2000:]}", file=sys.stderr, flush=True)
         return {}
-    finally:
-        if proc.poll() is None:  # (an exception other than the timeout)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    except BaseException:  # (e.g. ^C: the group goes with this process)
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     for line in out.splitlines():
         if line.startswith("RESULT "):
             return {k: tuple(v) for k, v in json.loads(line[7:]).items()}
