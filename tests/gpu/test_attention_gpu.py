@@ -29,6 +29,9 @@ FEATURES = {
     "causal": dict(causal=True),
     "window": dict(window_size=(13, 4)),
     "causal_window_softcap": dict(causal=True, window_size=(20, -1), softcap=3.0),
+    # softcap alone: tiles every row sees whole (unmasked) with softcap, which no window
+    # of the other features leaves in a 128-key tile
+    "softcap": dict(softcap=3.0),
     "alibi": dict(causal=True, alibi="heads"),
     "alibi_batch": dict(alibi="batch"),
 }
@@ -184,7 +187,7 @@ def _nan_tail_inputs(gpu_device, rng, mk, monkeypatch, dtype, head_dim, families
 
 
 @pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap",
-                                     "alibi_batch"])
+                                     "softcap", "alibi_batch"])
 @pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_flash_forward_sm90_nan_tails(gpu_device, sm90_grid, rng, mk, monkeypatch, dtype,
