@@ -327,6 +327,10 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
     own, so that the launches profiled are its calls' (a process costs ~15 s under ncu,
     most of it starting JAX: 2026-11-28, H100)."""
     res, log = {}, folder / "ncu.csv"
+
+    def logged() -> str:  # the CSV ncu wrote, if any
+        return log.read_text() if log.exists() else ""
+
     # XLA's autotuning of the reference's f32 products launches hundreds of kernels, each
     # serialized by ncu: a config's process took ~55 s with it, two configs 14 s without
     # (2026-11-28, H100); our custom calls are not autotuned
@@ -341,8 +345,7 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
         got = run_child(child_code(configs, op, tokens, NCU_CALLS, mark=True), env, label,
                         timeout, ncu_command(str(log)))
         try:
-            runs = split_at_marks(ncu_launches(log.read_text() if log.exists() else ""),
-                                  len(configs))
+            runs = split_at_marks(ncu_launches(logged()), len(configs))
             if len(got) != len(configs):
                 raise ValueError(f"{len(got)} results for {len(configs)} configs")
             for (key, value), launches in zip(got.items(), runs):
@@ -359,8 +362,7 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
         if not got:
             continue
         try:
-            report_ncu(label, got, ncu_launch_seconds(log.read_text() if log.exists() else ""),
-                       res)
+            report_ncu(label, got, ncu_launch_seconds(logged()), res)
         except ValueError as e:
             print(f"ab_wheels: {label} {config}: {e}", file=sys.stderr, flush=True)
     return res
