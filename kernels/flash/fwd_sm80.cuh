@@ -347,6 +347,25 @@ struct TileSoftmax {
     return ok;
   }
 
+  // The scores in base 2 where they need a pass before the max: softcap (kCap), x = cap
+  // tanh(x mul), else a score factor <= 0 (prescale), x = x mul. The sm90 family calls
+  // it itself ahead of run_with<kMask, false> (its flash_fwd_sm90 softmax), so that each
+  // call site inlines two forms of run_with instead of four.
+  template <bool kCap, int kMT, int kNT>
+  __device__ __forceinline__ void transform_scores(float (&sc)[kMT][kNT][4]) const {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float& x = sc[mt][nt][i];
+          x = kCap ? cap * fast_tanh(x * mul) : x * mul;
+        }
+      }
+    }
+  }
+
   // In phases over all the lane's rows (2 kMT of them), not row by row: a row's quad
   // max needs two dependent shuffles, and with the rows in turn (and the ALiBi branch
   // inside the row loop, a basic block per row) their latency was exposed per row; ncu
@@ -379,19 +398,7 @@ struct TileSoftmax {
     // The rare transforms behind one uniform branch (a branch each cost ~0.5 % of the
     // d64 S=512 stall samples).
     if (kCap || transform) {
-      if (kCap || prescale) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              float& x = sc[mt][nt][i];
-              x = kCap ? cap * fast_tanh(x * mul) : x * mul;
-            }
-          }
-        }
-      }
+      if (kCap || prescale) transform_scores<kCap>(sc);
       // ALiBi in a pass of its own behind one uniform branch: tested per element, the
       // branch cost ~4 instructions an element (BSSY/BRA/BSYNC around the FFMA).
       if (slope != 0.f) {

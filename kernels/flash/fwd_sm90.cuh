@@ -801,14 +801,17 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       corr[0][1] = c[0][1];
       rescale = true;
     };
-    if (!(mask | softcap)) {
+    // Softcap in a pass of its own behind one uniform branch, then run_with without it
+    // (softcap has no prescale, so the operations and their order are run_with<mask,
+    // true>'s): two forms of run_with at each of the softmax's call sites instead of
+    // four. sm_90a bf16 walks (sass_report): d128 10,184 -> 7,872 instructions, d64
+    // 9,776 -> 7,472, d64 three-warpgroup 10,328 -> 7,512 (spills 120 / 192 -> 100 /
+    // 124 bytes); fp8 d256 spills 92 / 256 -> 32 / 60. docs/benchmarks.md 2026-11-29 (42).
+    if (softcap) tsm.transform_scores<true>(sc);
+    if (!mask) {
       tsm.run_with<false, false>(sc, m, l, defer);
-    } else if (!softcap) {
-      tsm.run_with<true, false, kSkipHalf>(sc, m, l, defer);
-    } else if (!mask) {
-      tsm.run_with<false, true>(sc, m, l, defer);
     } else {
-      tsm.run_with<true, true, kSkipHalf>(sc, m, l, defer);
+      tsm.run_with<true, false, kSkipHalf>(sc, m, l, defer);
     }
   };
   // The softmax against the running max as it stands (softmax_of_landed_s; TileSoftmax::
