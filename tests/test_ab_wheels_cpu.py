@@ -221,6 +221,14 @@ def test_ncu_mode_times_each_config_by_its_kernels(tmp_path, capsys, batched):
     assert ("one process for all configs failed" in err) != batched
 
 
+@pytest.mark.parametrize("family, expected", [
+    ("sm80", "sm80,portable"), ("sm90,sm80", "sm90,sm80,portable"),
+    ("sm80,portable", "sm80,portable"), ("", ""), (None, None)])
+def test_a_forced_family_keeps_the_markers_portable_kernel(family, expected):
+    env = {"PATH": "/bin"} if family is None else {"XLA_ATTN_FORCE_FAMILY": family}
+    assert ab.marker_env(env).get("XLA_ATTN_FORCE_FAMILY") == expected
+
+
 def test_split_at_marks_needs_a_mark_after_each_config():
     mark = f"xla_attn_{ab.MARK_KERNEL}_x"
     launches = [("a", 1.0), ("b", 2.0), (mark, 9.0), ("a", 3.0), (mark, 9.0)]

@@ -289,6 +289,20 @@ def call_seconds(launches: list[float], calls: int) -> list[float]:
     return [sum(launches[i:i + per]) for i in range(per, len(launches), per)]
 
 
+def marker_env(env: dict[str, str]) -> dict[str, str]:
+    """env for a process with marker launches. The marker's cache write has portable
+    kernels only, so a forced family list (XLA_ATTN_FORCE_FAMILY in an env.json, e.g.
+    "sm80" to time the sm80 family on Hopper) gets ",portable" after it: with "sm80"
+    alone every marker failed and each config fell back to a process of its own, so that
+    two wheels x 4 configs outran a 150 s bound (docs/benchmarks.md 2026-11-29 (42)).
+    The compiled families outrank portable (variants.py priorities), so the timed ops
+    still take the forced family wherever it has their kernel."""
+    family = env.get("XLA_ATTN_FORCE_FAMILY", "")
+    if not family or "portable" in family.split(","):
+        return env
+    return dict(env, XLA_ATTN_FORCE_FAMILY=f"{family},portable")
+
+
 def ncu_command(log: str) -> tuple[str, ...]:
     """ncu timing our kernels (names starting xla_attn) at the base clock, CSV to `log`."""
     return ("ncu", "--clock-control", "base", "--metrics", NCU_METRIC, "-k", "regex:^xla_attn",
@@ -337,6 +351,7 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
     flags = f"{env.get('XLA_FLAGS', '')} --xla_gpu_autotune_level=0".strip()
     env = dict(env, XLA_FLAGS=flags)
     if len(configs) > 1:
+        env = marker_env(env)
         log.unlink(missing_ok=True)
         # bounded as one config's process is (--wheel-timeout's default, 60 + 20 s a
         # config, is about 6x what a batched process took: 2 configs in ~15 s, H200): the

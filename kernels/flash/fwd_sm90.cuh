@@ -806,7 +806,10 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
     // true>'s): two forms of run_with at each of the softmax's call sites instead of
     // four. sm_90a bf16 walks (sass_report): d128 10,184 -> 7,872 instructions, d64
     // 9,776 -> 7,472, d64 three-warpgroup 10,328 -> 7,512 (spills 120 / 192 -> 100 /
-    // 124 bytes); fp8 d256 spills 92 / 256 -> 32 / 60. docs/benchmarks.md 2026-11-29 (42).
+    // 124 bytes); fp8 d256 spills 92 / 256 -> 32 / 60. Time unchanged: H200, kernel time
+    // at the base clock, 23 configs in two runs, 0.983..1.014 of before, inside the
+    // spread; so the walk's size does not limit it (ncu: no-instruction stalls 0.41 ->
+    // 0.38 per issued instruction, d128 S = 512). docs/benchmarks.md 2026-11-29 (42).
     if (softcap) tsm.transform_scores<true>(sc);
     if (!mask) {
       tsm.run_with<false, false>(sc, m, l, defer);
