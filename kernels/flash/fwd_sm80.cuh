@@ -207,9 +207,9 @@ __device__ __forceinline__ void load_tile(T* tile, const VecSrc& vec_src,
 // One tile's online-softmax update, for the rows of this lane. Lane (g, t) holds, per
 // m-tile and half hf, row g + 8 hf at keys nt * 8 + 2t + {0, 1}; the 4 lanes of a quad
 // share a row (shuffles over t). Masking and softcap are compile-time flags (four
-// copies of the body), so the common tile (unmasked, no softcap) carries no
-// per-element compare or tanh: as run-time branches the d128 loop issued ~16
-// instructions per mma.
+// copies of the body; the sm90 family applies softcap first itself, transform_scores,
+// and inlines two), so the common tile (unmasked, no softcap) carries no per-element
+// compare or tanh: as run-time branches the d128 loop issued ~16 instructions per mma.
 //
 // Scores stay in the units of the dot product as long as possible: with a positive
 // score factor, max and scale commute, so the factor is applied inside the exponent
