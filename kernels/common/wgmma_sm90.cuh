@@ -238,7 +238,8 @@ static_assert(kDescHigh == 0x40000040u, "XLA_ATTN_DESC_HIGH spells kDescHigh");
 
 // kMNMajor: A (64 x 16) stored M-major and B (16 x N) N-major (imm-trans-a = imm-trans-b
 // = 1; 16-bit types only), as the backward's dQ = dS K reads dS^T and K as stored (N = 32
-// for a half column block: B then starts 64 bytes into its 128-byte rows).
+// for a half column block: B then starts 64 bytes into its 128-byte rows; N = 128 spans
+// two column blocks, the leading offset apart).
 // kDescLowWord: the descriptors enter the asm as their low words (see kDescHigh).
 template <int N, typename T, bool kMNMajor = false, bool kDescLowWord = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
@@ -265,8 +266,12 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   } else if constexpr (N == 64) {
     XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "f16",
                       "0, 0");
+  } else if constexpr (kMNMajor && kBf16) {
+    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
+                      "bf16", "1, 1");
   } else if constexpr (kMNMajor) {
-    static_assert(N == 64, "wgmma_ss: M/N-major at N = 64 only");
+    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
+                      "f16", "1, 1");
   } else if constexpr (kBf16) {
     XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
                       "bf16", "0, 0");

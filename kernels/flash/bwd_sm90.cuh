@@ -15,8 +15,8 @@
 //   dO^T (wgmma, both operands in shared memory), P^T = exp2(S^T - lse) and dS^T = P^T
 //   (dP^T - D) in registers (the sm80 kernel's masks, softcap and ALiBi), dV += P^T dO and
 //   dK += dS^T Q (P^T, dS^T from registers, dO and Q read N-major), and dQ = dS K (dS^T
-//   through shared memory, read M-major) over the block's 128 keys, half of the dQ tile
-//   per warpgroup (d128: a 64-column block; d64: 64 of the 128 rows). Added into the
+//   through shared memory, read M-major) over the block's 128 keys (d128: the whole tile,
+//   the warpgroups in turns by tile; d64: 64 of the 128 rows each). Added into the
 //   accumulator by bulk reductions from shared memory.
 //
 // Rows the boxes read past a sequence (the next sequence's rows, NaN padding, keys past
@@ -257,18 +257,24 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   if (dkdv_padding_block<T>(p)) return;
   constexpr int kColBlocks = D / 64;
   // dQ = dS K over all 128 keys (the other warpgroup's dS^T read from shared memory), so
-  // that each dQ element is added once a block: with 64-row tiles (d128) warpgroup w
-  // takes column block w; with 128-row tiles (d64, bwd_rows) its 64 rows (wgmma's M) and
-  // all 64 columns. (At d64 each warpgroup once took all 64 columns over its own 64 keys,
-  // both adding into the same chunks: twice the reductions; on an H100, ncu, S = 8192:
-  // 3.2x the kernel's L2 reads, L2 73 % busy.)
+  // that each dQ element is added once a block: with 64-row tiles (d128) one warpgroup a
+  // tile takes all columns (N = 128), the warpgroups in turns (bwd_dq_in_turns); with
+  // 128-row tiles (d64, bwd_rows) each warpgroup its 64 rows (wgmma's M) and all 64
+  // columns. (At d64 each warpgroup once took all 64 columns over its own 64 keys, both
+  // adding into the same chunks: twice the reductions; on an H100, ncu, S = 8192: 3.2x
+  // the kernel's L2 reads, L2 73 % busy.)
   constexpr int kTileRows = bwd_rows(D);
-  constexpr bool kDqByRows = kTileRows > 64;
+  constexpr bool kDqByRows = kTileRows > 64, kDqInTurns = bwd_dq_in_turns(D);
   static_assert(!kDqByRows || (D == 64 && kTileRows == 64 * kConsumerWarpgroups),
                 "dQ by rows: a warpgroup's 64 rows, all of d64's columns");
-  constexpr int kDqCols = kDqByRows ? D : D / kConsumerWarpgroups;
+  constexpr int kDqCols = kDqByRows || kDqInTurns ? D : D / kConsumerWarpgroups;
+  static_assert(kDqCols == bwd_dq_cols(D), "dQ staging slices sized for kDqCols");
   constexpr int kDqChunks = kDqCols / sm80::kAccChunkCols;  // accumulator chunks a warp
-  static_assert(kDqChunks >= 1 && kDqCols <= 64, "dQ: at most one column block a warpgroup");
+  static_assert(kDqChunks >= 1 && kDqCols <= 128, "dQ: N of at most 128");
+  // S^T and dP^T as two commit groups, P^T's exponentials run while dP^T's product does
+  // (as cuDNN's d128 backward kernel orders them, ncu source view). At d64 (S^T, dP^T 64
+  // registers each) ptxas then spilled 116 / 140 bytes against 36 / 36.
+  constexpr bool kExpsFirst = D > 64;
   constexpr int kNT = kTileRows / 8;  // n8 tiles of S^T (query rows)
   constexpr int kDT = D / 8;         // n8 tiles of dK, dV
   constexpr int kSteps = kTileRows / 16;  // k-steps of dV += P^T dO, dK += dS^T Q
@@ -298,8 +304,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
   const uint32_t sK = base, sV = sK + kKV, sQ = sV + kKV, sdO = sQ + kStages * kRows;
   const uint32_t sDs = sdO + kStages * kRows;    // + (tile % 2) * kDsBytes
-  const uint32_t sDq = sDs + 2 * kDsBytes;       // + consumer warp * kBwdDqWarpBytes
-  const uint32_t sStat = sDq + kBwdDqBytes;      // + (tile % 2) * kStatBytes
+  const uint32_t sDq = sDs + 2 * kDsBytes;       // + consumer warp * bwd_dq_warp_bytes
+  const uint32_t sStat = sDq + bwd_dq_bytes(D);  // + (tile % 2) * kStatBytes
   const uint32_t bars = sStat + 2 * kStatBytes;
   const BwdBars bar{bars};
   const uint32_t kv_full = bar.kv_full();
@@ -336,6 +342,13 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
                           ct < kTileRows ? -kLog2e : 1.f);
       }
     };
+    // Once dV, dK (the products last committed before dQ's, if any) are done, S^T, dP^T,
+    // dV and dK are done with stage st: each consumer warp arrives on its empty barrier.
+    auto release_stage = [&](int st) {
+      sm90::wgmma_wait<kDqInTurns ? 0 : 1>();
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(empty(st));
+    };
     if (tiles > 0) {
       store_stat(0, ct < 2 * kTileRows ? load_stat(first) : 0.f);
       sm90::mbar_wait(kv_full, 0u);
@@ -365,7 +378,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         sm90::named_barrier(1, 256);
       }
 
-      // S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys x the tile's rows.
+      // S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys x the tile's rows
+      // (kExpsFirst: S^T's product, then dP^T's).
       float stt[1][kNT][4], dpt[1][kNT][4];
       float(&st_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(stt);
       float(&dp_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(dpt);
@@ -376,24 +390,34 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       uint64_t q_desc = sm90::smem_desc(tQ, 16);
       asm volatile("" : "+l"(k_desc));
       sm90::wgmma_fence();
+      auto dp_step = [&](int kk) {
+        const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(kk % 4) * 32u;
+        const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
+        sm90::wgmma_ss<kTileRows, T, false, kDescLowWord>(
+            dp_flat, sm90::desc_plus(k_desc, kKV + at),
+            sm90::desc_plus(q_desc, kStages * kRows + rows_at), kk > 0);
+      };
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(kk % 4) * 32u;
         const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
         sm90::wgmma_ss<kTileRows, T, false, kDescLowWord>(
             st_flat, sm90::desc_plus(k_desc, at), sm90::desc_plus(q_desc, rows_at), kk > 0);
-        sm90::wgmma_ss<kTileRows, T, false, kDescLowWord>(
-            dp_flat, sm90::desc_plus(k_desc, kKV + at),
-            sm90::desc_plus(q_desc, kStages * kRows + rows_at), kk > 0);
+        if (!kExpsFirst) dp_step(kk);
+      }
+      if (kExpsFirst) {
+        sm90::wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) dp_step(kk);
       }
       sm90::wgmma_commit();
       // The next tile's lse / D row, while the products run.
       BwdTileCursor next = tile;
       next.advance(per_head, group);
       const float next_stat = it + 1 < tiles && ct < 2 * kTileRows ? load_stat(next) : 0.f;
-      sm90::wgmma_wait<0>();
+      sm90::wgmma_wait<kExpsFirst ? 1 : 0>();
       sm90::wgmma_hold(st_flat);
-      sm90::wgmma_hold(dp_flat);
+      if (!kExpsFirst) sm90::wgmma_hold(dp_flat);
 
       // P^T and dS^T (times softcap'). Element (nt, 2 hf + e): key n0 + key_w + g + 8 hf,
       // row i0 + 8 nt + 2t + e.
@@ -408,89 +432,126 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
                                4u * uint32_t(t);
       uint32_t pa[kSteps][4], da[kSteps][4];
       // Called with a constant: inlined, each call a copy specialised on it. The common
-      // tile (every key seen by every row, no softcap, no ALiBi) takes an FFMA, the exp2,
-      // an FADD and an FMUL an element; a masked tile without softcap or ALiBi (causal
-      // and window edges, a sequence's last rows) adds a compare pair and a select; the
-      // general copy tests masks, softcap and ALiBi per element (~20 instructions). With
-      // the choice made per element inside one copy (before), ptxas kept both bodies
-      // interleaved (~2,000 SASS instructions a tile) and re-derived the choice into a
-      // 32-bit predicate mask (64 LOP3 a tile): on an H100 (d128, S = 4096) this section
-      // took 49 % of the consumers' stall samples, 42 % of them waiting for
-      // instructions to be fetched.
+      // tile (every key seen by every row, no softcap, no ALiBi) takes an FFMA and the
+      // exp2 an element (exps), then an FADD and an FMUL (grads); a masked tile without
+      // softcap or ALiBi (causal and window edges, a sequence's last rows) adds a compare
+      // pair and a select to exps; the general copy tests masks, softcap and ALiBi per
+      // element (~20 instructions) in grads alone, after both products. With the choice
+      // made per element inside one copy (before), ptxas kept both bodies interleaved
+      // (~2,000 SASS instructions a tile) and re-derived the choice into a 32-bit
+      // predicate mask (64 LOP3 a tile): on an H100 (d128, S = 4096) this section took 49
+      // % of the consumers' stall samples, 42 % of them waiting for instructions to be
+      // fetched.
       enum { kGradsFast, kGradsMasked, kGradsGeneral };
-      auto grads = [&](const int kMode) {
-        // kGradsMasked: the rows [lo, hi) of the tile that see each of the lane's two
-        // keys (none past num_k), relative to the lane's first row i0 + 2t, so that
-        // element (nt, e) tests the constant 8 nt + e.
-        int vis_lo[2] = {}, vis_hi[2] = {};
-        if (kMode == kGradsMasked) {
+      // kGradsMasked: the rows [lo, hi) of the tile that see each of the lane's two keys
+      // (none past num_k), relative to the lane's first row i0 + 2t, so that element (nt,
+      // e) tests the constant 8 nt + e.
+      const bool plain = !sc_mod.capped && sc_mod.slope == 0.f;
+      int vis_lo[2] = {}, vis_hi[2] = {};
+      if (mask && plain) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          win.rows_seeing_key(n0 + key_w + g + 8 * hf, s.num_k, s.offset, i_hi, i0 + 2 * t,
+                              kTileRows, &vis_lo[hf], &vis_hi[hf]);
+        }
+      }
+      // P^T in place of S^T (f32) for k-step kk (two n8 tiles of rows): kGradsFast and
+      // kGradsMasked.
+      auto exps = [&](const int kMode, const int kk) {
+#pragma unroll
+        for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt) {
+          float2 nlse;
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                       : "=f"(nlse.x), "=f"(nlse.y)
+                       : "r"(stat + 4u * uint32_t(nt * 8 + 2 * t)));
+          const float nlse2[2] = {nlse.x, nlse.y};
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
-            win.rows_seeing_key(n0 + key_w + g + 8 * hf, s.num_k, s.offset, i_hi, i0 + 2 * t,
-                                kTileRows, &vis_lo[hf], &vis_hi[hf]);
-          }
-        }
-        // A k-step (two n8 tiles of rows) at a time, so that S^T and dP^T registers die
-        // as their 16-bit fragments are made.
 #pragma unroll
-        for (int kk = 0; kk < kSteps; ++kk) {
-#pragma unroll
-          for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt) {
-            const int col = nt * 8 + 2 * t;
-            float2 nlse, del;
-            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                         : "=f"(nlse.x), "=f"(nlse.y)
-                         : "r"(stat + 4u * uint32_t(col)));
-            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                         : "=f"(del.x), "=f"(del.y)
-                         : "r"(stat + 4u * uint32_t(kTileRows + col)));
-            const float nlse2[2] = {nlse.x, nlse.y}, dl[2] = {del.x, del.y};
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-              const int key = n0 + key_w + g + 8 * hf;
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                float& x = stt[0][nt][2 * hf + e];
-                float& d = dpt[0][nt][2 * hf + e];
-                if (kMode == kGradsFast) {
-                  x = fast_exp2(fmaf(x, sc_mod.mul, nlse2[e]));
-                  d = x * (d - dl[e]);
-                } else if (kMode == kGradsMasked) {
-                  const int r = nt * 8 + e;
-                  x = r >= vis_lo[hf] && r < vis_hi[hf] ? fast_exp2(fmaf(x, sc_mod.mul, nlse2[e]))
-                                                        : 0.f;
-                  d = x * (d - dl[e]);
-                } else {
-                  const int i = i0 + col + e;
-                  const int64_t pos = int64_t(i) + s.offset;
-                  float grad;
-                  float pr = sc_mod.prob(x, pos, key, -nlse2[e], &grad);
-                  if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
-                  x = pr;
-                  d = pr * (d - dl[e]) * grad;
-                }
+            for (int e = 0; e < 2; ++e) {
+              float& x = stt[0][nt][2 * hf + e];
+              if (kMode == kGradsFast) {
+                x = fast_exp2(fmaf(x, sc_mod.mul, nlse2[e]));
+              } else {
+                const int r = nt * 8 + e;
+                x = r >= vis_lo[hf] && r < vis_hi[hf] ? fast_exp2(fmaf(x, sc_mod.mul, nlse2[e]))
+                                                      : 0.f;
               }
             }
           }
-          sm80::accum_to_a<T>(pa[kk], stt[0][2 * kk], stt[0][2 * kk + 1]);
-          sm80::accum_to_a<T>(da[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
-          store_ds_step(ds_lane, kDsBlock, kk, da[kk]);
         }
       };
-      // The masked copy at d64 and d128. d64: causal gained 2-9 %, full rows within 3 %.
-      // d128 with 64-bit descriptors: its registers made ptxas spill 48 bytes more, causal
-      // S = 1024 gained 11 % but full S = 1024 / 16384 lost 9 % / 3 %; with the
-      // descriptors' low words in uniform registers it spills 60 / 72 bytes (36 / 36
-      // without) and gains everywhere (H100, fwd+bwd A/B, 2 rounds: causal S = 1024 /
-      // 4096 +14 % / +5 %, full S = 4096 / 16384 +2 %).
-      constexpr bool kMaskedCopy = D <= 128;
-      const bool plain = !sc_mod.capped && sc_mod.slope == 0.f;
-      if (!mask && plain) {
-        grads(kGradsFast);
-      } else if (kMaskedCopy && plain) {
-        grads(kGradsMasked);
+      // dS^T = P^T (dP^T - D) for k-step kk (P^T from exps), or (kGradsGeneral) P^T and
+      // dS^T from S^T and dP^T; then both as A fragments, dS^T stored, so that S^T and
+      // dP^T registers die as their 16-bit fragments are made.
+      auto grads = [&](const int kMode, const int kk) {
+#pragma unroll
+        for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt) {
+          const int col = nt * 8 + 2 * t;
+          float2 nlse, del;
+          if (kMode == kGradsGeneral) {
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                         : "=f"(nlse.x), "=f"(nlse.y)
+                         : "r"(stat + 4u * uint32_t(col)));
+          }
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                       : "=f"(del.x), "=f"(del.y)
+                       : "r"(stat + 4u * uint32_t(kTileRows + col)));
+          const float dl[2] = {del.x, del.y};
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int key = n0 + key_w + g + 8 * hf;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = stt[0][nt][2 * hf + e];
+              float& d = dpt[0][nt][2 * hf + e];
+              if (kMode != kGradsGeneral) {
+                d = x * (d - dl[e]);
+              } else {
+                const int i = i0 + col + e;
+                const int64_t pos = int64_t(i) + s.offset;
+                float grad;
+                float pr = sc_mod.prob(x, pos, key, e ? -nlse.y : -nlse.x, &grad);
+                if (mask && !(key < s.num_k && i < i_hi && win.visible(pos, key))) pr = 0.f;
+                x = pr;
+                d = pr * (d - dl[e]) * grad;
+              }
+            }
+          }
+        }
+        sm80::accum_to_a<T>(pa[kk], stt[0][2 * kk], stt[0][2 * kk + 1]);
+        sm80::accum_to_a<T>(da[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
+        store_ds_step(ds_lane, kDsBlock, kk, da[kk]);
+      };
+      // The tile's element-wise section in one of three copies. kExpsFirst: every
+      // exponential while dP^T's product runs, then dS^T; else both a k-step at a time.
+      auto section = [&](const int kMode) {
+        if (kExpsFirst) {
+          if (kMode != kGradsGeneral) {
+#pragma unroll
+            for (int kk = 0; kk < kSteps; ++kk) exps(kMode, kk);
+          }
+          sm90::wgmma_wait<0>();
+          sm90::wgmma_hold(dp_flat);
+        }
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+          if (!kExpsFirst && kMode != kGradsGeneral) exps(kMode, kk);
+          grads(kMode, kk);
+        }
+      };
+      // The masked copy (every head dim of this kernel, d64 and d128). d64: causal gained
+      // 2-9 %, full rows within 3 %. d128 with 64-bit descriptors: its registers made
+      // ptxas spill 48 bytes more, causal S = 1024 gained 11 % but full S = 1024 / 16384
+      // lost 9 % / 3 %; with the descriptors' low words in uniform registers it spills 60
+      // / 72 bytes (36 / 36 without) and gains everywhere (H100, fwd+bwd A/B, 2 rounds:
+      // causal S = 1024 / 4096 +14 % / +5 %, full S = 4096 / 16384 +2 %).
+      if (!plain) {
+        section(kGradsGeneral);
+      } else if (mask) {
+        section(kGradsMasked);
       } else {
-        grads(kGradsGeneral);
+        section(kGradsFast);
       }
       sm90::fence_proxy_async_shared();
 
@@ -511,17 +572,27 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       }
       sm90::wgmma_commit();
       if (it + 1 < tiles) store_stat(it + 1, next_stat);
+      // In turns, dV and dK are done before dQ = dS K is issued: P^T and dS^T (32
+      // registers, read by those products) beside dQ's 64 and dK, dV's 128 made ptxas
+      // serialize every product (C7512).
+      if (kDqInTurns) release_stage(st);
       sm90::named_barrier(1, 256);  // both warpgroups' dS^T rows (and the next lse / D)
 
       // dQ = dS K (kDqCols / 2 f32 a thread: 64 rows of the tile from dq_row0 x kDqCols
       // columns from dq_col0), added into the accumulator's chunks: rows dq_row0 + 16
       // warp + g (+ 8) of the tile, columns dq_col0 + 8 j + 2t (+ 1). A row chunk wholly
       // past the block's rows adds nothing (it may be the next sequence's); chunks past
-      // hd do not exist.
-      const int dq_col0 = kDqByRows ? 0 : wg * kDqCols, dq_row0 = kDqByRows ? 64 * wg : 0;
+      // hd do not exist. In turns (d128), the warpgroup whose turn it is not goes on to the
+      // next tile's S^T while this one's dQ runs; it reads dS^T from the other buffer, and
+      // the next tile's barrier holds it until this product is done with this one.
+      if (kDqInTurns && (it & 1) != wg) continue;
+      const int dq_col0 = kDqByRows || kDqInTurns ? 0 : wg * kDqCols;
+      const int dq_row0 = kDqByRows ? 64 * wg : 0;
       float dq[kDqCols / 2];
+      // K as B, N-major: N = 128 spans both column blocks (the leading offset between).
       uint64_t kcol_desc = sm90::smem_desc(
-          sK + uint32_t(dq_col0 / 64) * kKVBlock + uint32_t(dq_col0 % 64) * 2u, 0);
+          sK + uint32_t(dq_col0 / 64) * kKVBlock + uint32_t(dq_col0 % 64) * 2u,
+          kDqCols > 64 ? kKVBlock : 0u);
       asm volatile("" : "+l"(kcol_desc));
       const uint64_t ds_desc = sm90::smem_desc(ds_buf + uint32_t(dq_row0 / 64) * kDsBlock, 0);
       sm90::wgmma_fence();
@@ -533,13 +604,13 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
                                                        kk > 0);
       }
       sm90::wgmma_commit();
+      if (!kDqInTurns) release_stage(st);
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(dq);
-      // The last tile's reduction has read the warp's sDq slice (long since: it was
-      // issued a tile ago) before any lane writes it again.
+      // The warp's last reduction has read its sDq slice (long since: it was issued a
+      // tile or two ago) before any lane writes it again.
       if (lane == 0) sm90::bulk_wait<0, true>();
-      __syncwarp();  // S^T, dP^T, dV and dK are done with the stage
-      if (lane == 0) sm90::mbar_arrive(empty(st));
+      __syncwarp();
       if (i_hi - i0 > dq_row0 + 16 * warp) {
         // The warp's chunks go through its slice of sDq in the accumulator's layout
         // (sm80::acc_offset: a lane's 4 floats of n8 tile j at j * 128 + 4 lane) and one
@@ -547,7 +618,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         // the next tile waited for the reds to release their 32 source registers: 17 %
         // of the consumers' stall samples on an H100 (d128, S = 4096).
         const int chunks = min(kDqChunks, sm80::bwd_acc_col_chunks(hd) - dq_col0 / 32);
-        const uint32_t slice = sDq + uint32_t(ct / 32) * kBwdDqWarpBytes;
+        const uint32_t slice = sDq + uint32_t(ct / 32) * uint32_t(bwd_dq_warp_bytes(D));
 #pragma unroll
         for (int u = 0; u < kDqChunks; ++u) {
 #pragma unroll

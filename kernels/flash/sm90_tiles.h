@@ -418,8 +418,8 @@ XLA_ATTN_HOST_DEVICE constexpr int64_t vt_workspace_bytes(int64_t total_k, int b
 // 64 keys each (wgmma's M: S^T = K Q^T, dP^T = V dO^T), so 128 keys a block; tiles of
 // bwd_rows(d) query rows of Q, dO (and their lse, D) stream through kStages stages. A
 // consumer thread holds dK and dV (D / 2 f32 each), S^T and dP^T (rows / 2 each) and
-// its share of dQ (d128: D / 4, d64: D / 2): d256's dK and dV alone would take 256. So
-// at d256 (flash/bwd_sm90_d256.cuh) both consumer warpgroups share a block of 64 keys,
+// its share of dQ (D / 2: d128 on its turns, d64 every tile): d256's dK and dV alone
+// would take 256. So at d256 (flash/bwd_sm90_d256.cuh) both consumer warpgroups share a block of 64 keys,
 // one holding dV (128 f32), the other dK.
 constexpr int kBwdKeys = 64 * kConsumerWarpgroups;
 constexpr int kBwdKeysD256 = 64;
@@ -438,9 +438,9 @@ XLA_ATTN_HOST_DEVICE constexpr bool bwd_covers(int head_dim) {
 // K and V (kBwdKeys rows), kStages stages of Q and dO (bwd_rows rows), two buffers of the
 // block's dS^T (kBwdKeys keys x bwd_rows rows, 16-bit, in column blocks of 64 rows: one
 // 128-byte row a key), the consumer warps' dQ chunks on their way to the accumulator (a
-// warp's 16 rows x 64 columns of f32, in the accumulator's chunk layout), two tiles' lse
-// and D floats, then the barriers. d128: 64 + 64 + 32 + 32 + 1 KB; d64: 32 + 64 + 64 +
-// 32 + 2 KB.
+// warp's 16 rows x bwd_dq_cols(d) columns of f32, in the accumulator's chunk layout), two
+// tiles' lse and D floats, then the barriers. d128: 64 + 64 + 32 + 64 + 1 KB (226 KB);
+// d64: 32 + 64 + 64 + 32 + 2 KB.
 // d256: K and V (64 keys), kStages stages of Q and dO, P^T softcap' (f32, 64 keys x 64
 // rows) passed from the dV side to the dK side, one buffer of dS^T (the sides meet
 // twice a tile), the lse and D floats: 64 + 128 + 16 + 8 + 1 KB (dQ goes out by
@@ -448,15 +448,24 @@ XLA_ATTN_HOST_DEVICE constexpr bool bwd_covers(int head_dim) {
 XLA_ATTN_HOST_DEVICE constexpr int bwd_kv_bytes(int d) { return bwd_keys(d) * 2 * d; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_rows_bytes(int d) { return bwd_rows(d) * 2 * d; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_ds_bytes(int d) { return kBwdKeys * bwd_rows(d) * 2; }
-constexpr int kBwdDqWarpBytes = 16 * 64 * 4;
-constexpr int kBwdDqBytes = 4 * kConsumerWarpgroups * kBwdDqWarpBytes;
+// dQ = dS K over the block's 128 keys. d128: one warpgroup a tile computes the whole 64 x
+// 128 dQ tile (N = 128), the warpgroups in turns by tile parity, so that one's product runs
+// while the other starts the next tile (cuDNN's d128 backward kernel does so, ncu source
+// view). d64 splits its 128-row tiles by rows (64 rows, all 64 columns, each warpgroup).
+// A consumer warp stages its 16 rows x bwd_dq_cols(d) f32 of dQ in a slice of its own.
+XLA_ATTN_HOST_DEVICE constexpr bool bwd_dq_in_turns(int d) { return d > 64 && d <= 128; }
+XLA_ATTN_HOST_DEVICE constexpr int bwd_dq_cols(int d) { return bwd_dq_in_turns(d) ? 128 : 64; }
+XLA_ATTN_HOST_DEVICE constexpr int bwd_dq_warp_bytes(int d) { return 16 * bwd_dq_cols(d) * 4; }
+XLA_ATTN_HOST_DEVICE constexpr int bwd_dq_bytes(int d) {
+  return 4 * kConsumerWarpgroups * bwd_dq_warp_bytes(d);
+}
 constexpr int kBwdPD256Bytes = kBwdKeysD256 * kBwdRows * 4;
 constexpr int kBwdDsD256Bytes = kBwdKeysD256 * kBwdRows * 2;
 constexpr int kBwdBarrierBytes = 8 * (1 + 2 * kStages);
 XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_bytes(int d) { return 2 * 2 * bwd_rows(d) * 4; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
   return kAlign + 2 * bwd_kv_bytes(d) + 2 * kStages * bwd_rows_bytes(d) +
-         (d <= 128 ? 2 * bwd_ds_bytes(d) + kBwdDqBytes : kBwdPD256Bytes + kBwdDsD256Bytes) +
+         (d <= 128 ? 2 * bwd_ds_bytes(d) + bwd_dq_bytes(d) : kBwdPD256Bytes + kBwdDsD256Bytes) +
          bwd_stat_bytes(d) + kBwdBarrierBytes;
 }
 static_assert(bwd_smem_bytes(64) <= kSmemLimit && bwd_smem_bytes(128) <= kSmemLimit &&
