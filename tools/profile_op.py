@@ -4,7 +4,7 @@
   ncu --clock-control none -k regex:xla_attn_flash_fwd -c 1 --section SpeedOfLight \\
       python3 tools/profile_op.py fwd --seqlen 4096 --head-dim 128
   python3 tools/profile_op.py decode --context 4096 --block-size 16 [--fp8]
-  ncu --clock-control base --metrics gpu__time_duration.sum \
+  ncu --clock-control base --metrics gpu__time_duration.sum \\
       python3 tools/profile_op.py fwd_bwd --seqlen 512 --impl torch-cudnn
 
 --impl runs a peer on the same dense shape instead of ours (the kernels bench.py compares

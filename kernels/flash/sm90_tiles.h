@@ -419,8 +419,8 @@ XLA_ATTN_HOST_DEVICE constexpr int64_t vt_workspace_bytes(int64_t total_k, int b
 // bwd_rows(d) query rows of Q, dO (and their lse, D) stream through kStages stages. A
 // consumer thread holds dK and dV (D / 2 f32 each), S^T and dP^T (rows / 2 each) and
 // its share of dQ (D / 2: d128 on its turns, d64 every tile): d256's dK and dV alone
-// would take 256. So at d256 (flash/bwd_sm90_d256.cuh) both consumer warpgroups share a block of 64 keys,
-// one holding dV (128 f32), the other dK.
+// would take 256. So at d256 (flash/bwd_sm90_d256.cuh) both consumer warpgroups share a
+// block of 64 keys, one holding dV (128 f32), the other dK.
 constexpr int kBwdKeys = 64 * kConsumerWarpgroups;
 constexpr int kBwdKeysD256 = 64;
 constexpr int kBwdRows = 64;
