@@ -98,7 +98,7 @@ def main() -> None:
         p.error("--impl takes the 16-bit fwd and fwd_bwd ops")
     if args.impl == "torch-cudnn":
         run, torch_sync = torch_cudnn_call(args.op, args.seqlen, args.head_dim, args.causal)
-        fn, inputs = (lambda: run()), ()
+        fn, inputs = run, ()
 
         def sync(x):
             torch_sync()

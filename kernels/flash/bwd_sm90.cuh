@@ -267,8 +267,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   constexpr bool kDqByRows = kTileRows > 64, kDqInTurns = bwd_dq_in_turns(D);
   static_assert(!kDqByRows || (D == 64 && kTileRows == 64 * kConsumerWarpgroups),
                 "dQ by rows: a warpgroup's 64 rows, all of d64's columns");
-  constexpr int kDqCols = kDqByRows || kDqInTurns ? D : D / kConsumerWarpgroups;
-  static_assert(kDqCols == bwd_dq_cols(D), "dQ staging slices sized for kDqCols");
+  constexpr int kDqCols = bwd_dq_cols(D);  // d64 and d128 in turns: D; else D / 2
   constexpr int kDqChunks = kDqCols / sm80::kAccChunkCols;  // accumulator chunks a warp
   static_assert(kDqChunks >= 1 && kDqCols <= 128, "dQ: N of at most 128");
   // S^T and dP^T as two commit groups, P^T's exponentials run while dP^T's product does
@@ -390,19 +389,18 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       uint64_t q_desc = sm90::smem_desc(tQ, 16);
       asm volatile("" : "+l"(k_desc));
       sm90::wgmma_fence();
-      auto dp_step = [&](int kk) {
+      // k-step kk of S^T (K and Q) or of dP^T (dP: V and dO, kKV and a stage further on).
+      auto sdp_step = [&](float(&acc)[kNT * 4], bool dp, int kk) {
         const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(kk % 4) * 32u;
         const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
         sm90::wgmma_ss<kTileRows, T, false, kDescLowWord>(
-            dp_flat, sm90::desc_plus(k_desc, kKV + at),
-            sm90::desc_plus(q_desc, kStages * kRows + rows_at), kk > 0);
+            acc, sm90::desc_plus(k_desc, (dp ? kKV : 0u) + at),
+            sm90::desc_plus(q_desc, (dp ? kStages * kRows : 0u) + rows_at), kk > 0);
       };
+      auto dp_step = [&](int kk) { sdp_step(dp_flat, true, kk); };
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(kk % 4) * 32u;
-        const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
-        sm90::wgmma_ss<kTileRows, T, false, kDescLowWord>(
-            st_flat, sm90::desc_plus(k_desc, at), sm90::desc_plus(q_desc, rows_at), kk > 0);
+        sdp_step(st_flat, false, kk);
         if (!kExpsFirst) dp_step(kk);
       }
       if (kExpsFirst) {
