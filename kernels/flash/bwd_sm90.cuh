@@ -16,8 +16,8 @@
 //   (dP^T - D) in registers (the sm80 kernel's masks, softcap and ALiBi), dV += P^T dO and
 //   dK += dS^T Q (P^T, dS^T from registers, dO and Q read N-major), and dQ = dS K (dS^T
 //   through shared memory, read M-major) over the block's 128 keys (d128: the whole tile,
-//   the warpgroups in turns by tile; d64: 64 of the 128 rows each). Added into the
-//   accumulator by bulk reductions from shared memory.
+//   the warpgroups in turns by tile, a tile late; d64: 64 of the 128 rows each, in the
+//   tile). Added into the accumulator by bulk reductions from shared memory.
 //
 // Rows the boxes read past a sequence (the next sequence's rows, NaN padding, keys past
 // seqused_k) are zeroed in shared memory before any product reads them: 0 x NaN is NaN.
@@ -258,16 +258,16 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   constexpr int kColBlocks = D / 64;
   // dQ = dS K over all 128 keys (the other warpgroup's dS^T read from shared memory), so
   // that each dQ element is added once a block: with 64-row tiles (d128) one warpgroup a
-  // tile takes all columns (N = 128), the warpgroups in turns (bwd_dq_in_turns); with
-  // 128-row tiles (d64, bwd_rows) each warpgroup its 64 rows (wgmma's M) and all 64
-  // columns. (At d64 each warpgroup once took all 64 columns over its own 64 keys, both
+  // tile takes all columns (N = 128), the warpgroups in turns and a tile late
+  // (bwd_dq_late); with 128-row tiles (d64, bwd_rows) each warpgroup its 64 rows (wgmma's
+  // M) and all 64 columns. (At d64 each warpgroup once took all 64 columns over its own 64 keys, both
   // adding into the same chunks: twice the reductions; on an H100, ncu, S = 8192: 3.2x
   // the kernel's L2 reads, L2 73 % busy.)
   constexpr int kTileRows = bwd_rows(D);
-  constexpr bool kDqByRows = kTileRows > 64, kDqInTurns = bwd_dq_in_turns(D);
+  constexpr bool kDqByRows = kTileRows > 64, kDqLate = bwd_dq_late(D);
   static_assert(!kDqByRows || (D == 64 && kTileRows == 64 * kConsumerWarpgroups),
                 "dQ by rows: a warpgroup's 64 rows, all of d64's columns");
-  constexpr int kDqCols = bwd_dq_cols(D);  // d64 and d128 in turns: D; else D / 2
+  constexpr int kDqCols = bwd_dq_cols(D);  // d64 and d128 a tile late: D; else D / 2
   constexpr int kDqChunks = kDqCols / sm80::kAccChunkCols;  // accumulator chunks a warp
   static_assert(kDqChunks >= 1 && kDqCols <= 128, "dQ: N of at most 128");
   // S^T and dP^T as two commit groups, P^T's exponentials run while dP^T's product does
@@ -302,10 +302,12 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 
   const uint32_t base = (sm80::smem_addr(smem) + kAlign - 1) & ~uint32_t(kAlign - 1);
   const uint32_t sK = base, sV = sK + kKV, sQ = sV + kKV, sdO = sQ + kStages * kRows;
-  const uint32_t sDs = sdO + kStages * kRows;    // + (tile % 2) * kDsBytes
-  const uint32_t sDq = sDs + 2 * kDsBytes;       // + consumer warp * bwd_dq_warp_bytes
-  const uint32_t sStat = sDq + bwd_dq_bytes(D);  // + (tile % 2) * kStatBytes
-  const uint32_t bars = sStat + 2 * kStatBytes;
+  constexpr int kDsBuffers = bwd_ds_buffers(D);
+  const uint32_t sDs = sdO + kStages * kRows;          // + (tile % kDsBuffers) * kDsBytes
+  const uint32_t sDq = sDs + kDsBuffers * kDsBytes;    // + warp * bwd_dq_warp_bytes
+  const uint32_t sStat = sDq + bwd_dq_bytes(D);        // (+ wg * 2 kStatBytes) + (tile % 2) *
+  const uint32_t bars = sStat + bwd_stat_bytes(D);     //   kStatBytes
+  static_assert(bwd_stat_bytes(D) == (kDqLate ? 2 : 1) * 2 * int(kStatBytes), "sStat's size");
   const BwdBars bar{bars};
   const uint32_t kv_full = bar.kv_full();
   auto full = [&](int st) { return bar.full(st); };
@@ -325,38 +327,119 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     float dk[1][kDT][4] = {}, dv[1][kDT][4] = {};
     float(&dk_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dk);
     float(&dv_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dv);
-    // A tile's lse (consumer threads 0-63, stored as -lse log2 e) and D (64-127) rows,
-    // zeros past i_hi, loaded by the consumers a tile ahead into sStat (two buffers) and
-    // published by the tile's named barrier: written by the producer and published by
-    // the stage's mbarrier, compute-sanitizer's racecheck reported the reads as races
-    // with the writes.
+    // A tile's lse (stat thread sct 0-63, stored as -lse log2 e) and D (64-127) rows,
+    // zeros past i_hi, loaded by the consumers a tile ahead into sStat (two buffers; at
+    // d128 each warpgroup its own, sct its thread) and published by the tile's named
+    // barrier: written by the producer and published by the stage's mbarrier,
+    // compute-sanitizer's racecheck reported the reads as races with the writes.
+    const int sct = kDqLate ? ct % 128 : ct;
+    const uint32_t stat_at = sStat + (kDqLate ? uint32_t(wg) * 2u * kStatBytes : 0u);
     auto load_stat = [&](const BwdTileCursor& c) {
-      const int i = i_lo + c.row * kTileRows + ct % kTileRows;
-      const float* src = ct < kTileRows ? p.softmax_lse : bwd_delta(p);
+      const int i = i_lo + c.row * kTileRows + sct % kTileRows;
+      const float* src = sct < kTileRows ? p.softmax_lse : bwd_delta(p);
       return i < i_hi ? src[int64_t(hk * group + c.head) * p.total_q + s.q_start + i] : 0.f;
     };
     auto store_stat = [&](int it, float x) {
-      if (ct < 2 * kTileRows) {
-        store_stat_scaled(sStat + uint32_t(it % 2) * kStatBytes + 4u * uint32_t(ct), x,
-                          ct < kTileRows ? -kLog2e : 1.f);
+      if (sct < 2 * kTileRows) {
+        store_stat_scaled(stat_at + uint32_t(it % 2) * kStatBytes + 4u * uint32_t(sct), x,
+                          sct < kTileRows ? -kLog2e : 1.f);
       }
     };
     // Once dV, dK (the products last committed before dQ's, if any) are done, S^T, dP^T,
     // dV and dK are done with stage st: each consumer warp arrives on its empty barrier.
     auto release_stage = [&](int st) {
-      sm90::wgmma_wait<kDqInTurns ? 0 : 1>();
+      sm90::wgmma_wait<kDqLate ? 0 : 1>();
       __syncwarp();
       if (lane == 0) sm90::mbar_arrive(empty(st));
     };
+    // Named barriers: kBarAll meets all 256 consumer threads (zeroed rows, the block's
+    // end; every tile where dQ is not late); with dQ late, warpgroup u % 2 arrives on
+    // bar_ds(u) once tile u's dS^T is stored, its dQ of tile u - 1 done with dS^T and its
+    // reduction with sDq, and the other warpgroup waits there before tile u's dQ. Two ids
+    // in turns: warpgroup u % 2 arrives on bar_ds(u + 2) only after it has waited on bar_ds
+    // (u + 1), which the other arrives on after it waited on bar_ds(u). kBarWg + wg: one
+    // warpgroup's threads (its lse / D rows).
+    constexpr int kBarAll = 1, kBarWg = 4;
+    auto bar_ds = [](int u) { return 2 + (u & 1); };
+    // dQ = dS K for the tile of rows from i0_u of query head h_u, its dS^T at ds_u
+    // (kDqCols / 2 f32 a thread: 64 rows of the tile from dq_row0 x kDqCols columns from
+    // dq_col0), added into the accumulator's chunks: rows dq_row0 + 16 warp + g (+ 8) of
+    // the tile, columns dq_col0 + 8 j + 2t (+ 1). A row chunk wholly past the block's rows
+    // adds nothing (it may be the next sequence's); chunks past hd do not exist. Not late
+    // (d64), the product's issue releases stage st.
+    auto dq_tile = [&](int h_u, int i0_u, uint32_t ds_u, int st) {
+      const int dq_col0 = kDqByRows || kDqLate ? 0 : wg * kDqCols;
+      const int dq_row0 = kDqByRows ? 64 * wg : 0;
+      float dq[kDqCols / 2];
+      // K as B, N-major: N = 128 spans both column blocks (the leading offset between).
+      uint64_t kcol_desc = sm90::smem_desc(
+          sK + uint32_t(dq_col0 / 64) * kKVBlock + uint32_t(dq_col0 % 64) * 2u,
+          kDqCols > 64 ? kKVBlock : 0u);
+      asm volatile("" : "+l"(kcol_desc));
+      const uint64_t ds_desc = sm90::smem_desc(ds_u + uint32_t(dq_row0 / 64) * kDsBlock, 0);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
+        const uint32_t keys_at = uint32_t(16 * kk) * kRowBytes;
+        sm90::wgmma_ss<kDqCols, T, true, kDescLowWord>(dq, sm90::desc_plus(ds_desc, keys_at),
+                                                       sm90::desc_plus(kcol_desc, keys_at),
+                                                       kk > 0);
+      }
+      sm90::wgmma_commit();
+      if (!kDqLate) release_stage(st);
+      sm90::wgmma_wait<0>();
+      sm90::wgmma_hold(dq);
+      // The warp's last reduction has read its sDq slice (long since: it was issued a
+      // tile or two ago) before any lane writes it again.
+      if (lane == 0) sm90::bulk_wait<0, true>();
+      __syncwarp();
+      if (i_hi - i0_u > dq_row0 + 16 * warp) {
+        // The warp's chunks go through its slice of sDq in the accumulator's layout
+        // (sm80::acc_offset: a lane's 4 floats of n8 tile j at j * 128 + 4 lane) and one
+        // bulk reduction adds them. With one red.global.add.v4 per 4 floats (before),
+        // the next tile waited for the reds to release their 32 source registers: 17 %
+        // of the consumers' stall samples on an H100 (d128, S = 4096).
+        const int chunks = min(kDqChunks, sm80::bwd_acc_col_chunks(hd) - dq_col0 / 32);
+        const uint32_t slice =
+            sDq + uint32_t(kDqLate ? warp : ct / 32) * uint32_t(bwd_dq_warp_bytes(D));
+#pragma unroll
+        for (int u = 0; u < kDqChunks; ++u) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float* q = &dq[16 * u + 4 * j];
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(
+                             slice + 4u * uint32_t(u * sm80::kAccChunk + sm80::acc_offset(j, 0, lane))),
+                         "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3])
+                         : "memory");
+          }
+        }
+        sm90::fence_proxy_async_shared();
+        __syncwarp();
+        if (lane == 0) {
+          float* const acc =
+              bwd_dq_accum_rows(p, h_u, s, b, (i0_u + dq_row0) / sm80::kAccChunkRows + warp) +
+              dq_col0 / 32 * sm80::kAccChunk;
+          sm90::bulk_reduce_add_f32(acc, slice, uint32_t(chunks) * sm80::kAccChunk * 4u);
+          sm90::bulk_commit();
+        }
+      }
+    };
+    // dQ late: tile u's dS^T is stored, this warpgroup's dQ of tile u - 1 done with dS^T
+    // and (the bulk wait) its reductions with sDq, which the other warpgroup writes next.
+    auto ds_done = [&](int u) {
+      if (lane == 0) sm90::bulk_wait<0, true>();
+      __syncwarp();
+      sm90::named_arrive(bar_ds(u), 256);
+    };
     if (tiles > 0) {
-      store_stat(0, ct < 2 * kTileRows ? load_stat(first) : 0.f);
+      store_stat(0, sct < 2 * kTileRows ? load_stat(first) : 0.f);
       sm90::mbar_wait(kv_full, 0u);
       if (keys_valid < kBwdKeys) {
         zero_tiles_rows<kColBlocks>(sK, sV, kBwdKeys, max(keys_valid, 0), ct);
       }
-      sm90::named_barrier(1, 256);
+      sm90::named_barrier(kBarAll, 256);
     }
-    int h_prev = -1;
+    int h_prev = -1, dq_h = 0, dq_i0 = 0;
     sm80::BwdScore sc_mod{};
     BwdTileCursor tile = first;
     for (int it = 0; it < tiles; ++it, tile.advance(per_head, group)) {
@@ -374,7 +457,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       sm90::mbar_wait(full(st), uint32_t(it / kStages) & 1u);
       if (i0 + kTileRows > i_hi) {  // rows past the block's last: zeros (block-uniform)
         zero_tiles_rows<kColBlocks>(tQ, tdO, kTileRows, i_hi - i0, ct);
-        sm90::named_barrier(1, 256);
+        sm90::named_barrier(kBarAll, 256);
       }
 
       // S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys x the tile's rows
@@ -412,7 +495,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // The next tile's lse / D row, while the products run.
       BwdTileCursor next = tile;
       next.advance(per_head, group);
-      const float next_stat = it + 1 < tiles && ct < 2 * kTileRows ? load_stat(next) : 0.f;
+      const float next_stat = it + 1 < tiles && sct < 2 * kTileRows ? load_stat(next) : 0.f;
+      if (kDqLate && it > 0 && ((it - 1) & 1) == wg) ds_done(it - 1);
       sm90::wgmma_wait<kExpsFirst ? 1 : 0>();
       sm90::wgmma_hold(st_flat);
       if (!kExpsFirst) sm90::wgmma_hold(dp_flat);
@@ -420,12 +504,13 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // P^T and dS^T (times softcap'). Element (nt, 2 hf + e): key n0 + key_w + g + 8 hf,
       // row i0 + 8 nt + 2t + e.
       const bool mask = (i0 < full_lo) | (i0 + kTileRows > full_hi);
-      const uint32_t stat = sStat + uint32_t(it % 2) * kStatBytes;
+      const uint32_t stat = stat_at + uint32_t(it % 2) * kStatBytes;
       // dS^T goes to the block's buffer (keys x rows, 16-bit) for dQ = dS K
-      // (store_ds_step): the block's 128 keys, double-buffered by tile, since a warpgroup
-      // writes tile it + 1's while the other may still read tile it's (they meet once a
-      // tile).
-      const uint32_t ds_buf = sm90::warp_uniform(sDs + uint32_t(it % 2) * kDsBytes);
+      // (store_ds_step): the block's 128 keys, kDsBuffers buffers by tile. Not late, a
+      // warpgroup writes tile it + 1's while the other may still read tile it's (they meet
+      // once a tile); late, tile it - 1's is read in tile it, and a warpgroup may write
+      // tile it + 1's before it knows the other is done with tile it - 1's.
+      const uint32_t ds_buf = sm90::warp_uniform(sDs + uint32_t(it % kDsBuffers) * kDsBytes);
       const uint32_t ds_lane = ds_buf + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) +
                                4u * uint32_t(t);
       uint32_t pa[kSteps][4], da[kSteps][4];
@@ -570,73 +655,30 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       }
       sm90::wgmma_commit();
       if (it + 1 < tiles) store_stat(it + 1, next_stat);
-      // In turns, dV and dK are done before dQ = dS K is issued: P^T and dS^T (32
-      // registers, read by those products) beside dQ's 64 and dK, dV's 128 made ptxas
-      // serialize every product (C7512).
-      if (kDqInTurns) release_stage(st);
-      sm90::named_barrier(1, 256);  // both warpgroups' dS^T rows (and the next lse / D)
-
-      // dQ = dS K (kDqCols / 2 f32 a thread: 64 rows of the tile from dq_row0 x kDqCols
-      // columns from dq_col0), added into the accumulator's chunks: rows dq_row0 + 16
-      // warp + g (+ 8) of the tile, columns dq_col0 + 8 j + 2t (+ 1). A row chunk wholly
-      // past the block's rows adds nothing (it may be the next sequence's); chunks past
-      // hd do not exist. In turns (d128), the warpgroup whose turn it is not goes on to the
-      // next tile's S^T while this one's dQ runs; it reads dS^T from the other buffer, and
-      // the next tile's barrier holds it until this product is done with this one.
-      if (kDqInTurns && (it & 1) != wg) continue;
-      const int dq_col0 = kDqByRows || kDqInTurns ? 0 : wg * kDqCols;
-      const int dq_row0 = kDqByRows ? 64 * wg : 0;
-      float dq[kDqCols / 2];
-      // K as B, N-major: N = 128 spans both column blocks (the leading offset between).
-      uint64_t kcol_desc = sm90::smem_desc(
-          sK + uint32_t(dq_col0 / 64) * kKVBlock + uint32_t(dq_col0 % 64) * 2u,
-          kDqCols > 64 ? kKVBlock : 0u);
-      asm volatile("" : "+l"(kcol_desc));
-      const uint64_t ds_desc = sm90::smem_desc(ds_buf + uint32_t(dq_row0 / 64) * kDsBlock, 0);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
-        const uint32_t keys_at = uint32_t(16 * kk) * kRowBytes;
-        sm90::wgmma_ss<kDqCols, T, true, kDescLowWord>(dq, sm90::desc_plus(ds_desc, keys_at),
-                                                       sm90::desc_plus(kcol_desc, keys_at),
-                                                       kk > 0);
+      if (kDqLate) {
+        // dV and dK are done before dQ = dS K is issued: P^T and dS^T (32 registers, read
+        // by those products) beside dQ's 64 and dK, dV's 128 made ptxas serialize every
+        // product (C7512).
+        release_stage(st);
+        sm90::named_barrier(kBarWg + wg, 128);  // this warpgroup's next lse / D
+        if (it > 0 && (it & 1) == wg) {
+          sm90::named_barrier(bar_ds(it - 1), 256);
+          dq_tile(dq_h, dq_i0, sDs + uint32_t((it - 1) % kDsBuffers) * kDsBytes, st);
+        }
+        dq_h = h;
+        dq_i0 = i0;
+      } else {
+        sm90::named_barrier(kBarAll, 256);  // both warpgroups' dS^T rows (and the next lse / D)
+        dq_tile(h, i0, ds_buf, st);
       }
-      sm90::wgmma_commit();
-      if (!kDqInTurns) release_stage(st);
-      sm90::wgmma_wait<0>();
-      sm90::wgmma_hold(dq);
-      // The warp's last reduction has read its sDq slice (long since: it was issued a
-      // tile or two ago) before any lane writes it again.
-      if (lane == 0) sm90::bulk_wait<0, true>();
-      __syncwarp();
-      if (i_hi - i0 > dq_row0 + 16 * warp) {
-        // The warp's chunks go through its slice of sDq in the accumulator's layout
-        // (sm80::acc_offset: a lane's 4 floats of n8 tile j at j * 128 + 4 lane) and one
-        // bulk reduction adds them. With one red.global.add.v4 per 4 floats (before),
-        // the next tile waited for the reds to release their 32 source registers: 17 %
-        // of the consumers' stall samples on an H100 (d128, S = 4096).
-        const int chunks = min(kDqChunks, sm80::bwd_acc_col_chunks(hd) - dq_col0 / 32);
-        const uint32_t slice = sDq + uint32_t(ct / 32) * uint32_t(bwd_dq_warp_bytes(D));
-#pragma unroll
-        for (int u = 0; u < kDqChunks; ++u) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float* q = &dq[16 * u + 4 * j];
-            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(
-                             slice + 4u * uint32_t(u * sm80::kAccChunk + sm80::acc_offset(j, 0, lane))),
-                         "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3])
-                         : "memory");
-          }
-        }
-        sm90::fence_proxy_async_shared();
-        __syncwarp();
-        if (lane == 0) {
-          float* const acc =
-              bwd_dq_accum_rows(p, h, s, b, (i0 + dq_row0) / sm80::kAccChunkRows + warp) +
-              dq_col0 / 32 * sm80::kAccChunk;
-          sm90::bulk_reduce_add_f32(acc, slice, uint32_t(chunks) * sm80::kAccChunk * 4u);
-          sm90::bulk_commit();
-        }
+    }
+    // Tile tiles - 1's dQ, late: its dS^T from both warpgroups.
+    if (kDqLate && tiles > 0) {
+      if (((tiles - 1) & 1) == wg) {
+        ds_done(tiles - 1);
+      } else {
+        sm90::named_barrier(bar_ds(tiles - 1), 256);
+        dq_tile(dq_h, dq_i0, sDs + uint32_t((tiles - 1) % kDsBuffers) * kDsBytes, 0);
       }
     }
     // The reductions have completed (and read sDq) before the block may end.
@@ -647,7 +689,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     // both meet first. (Without this barrier a warpgroup that finished first overwrote K
     // under the other's last dQ product: dq errors of 2-8 % under compute-sanitizer's
     // timing, 1 run in 2.)
-    sm90::named_barrier(1, 256);
+    sm90::named_barrier(kBarAll, 256);
     bwd_store_grad<T, kDT>(p, blk, sK, kKVBlock, key_w, lane, dk, p.softmax_scale, p.dk);
     bwd_store_grad<T, kDT>(p, blk, sV, kKVBlock, key_w, lane, dv, 1.f, p.dv);
   }

@@ -435,12 +435,12 @@ XLA_ATTN_HOST_DEVICE constexpr int bwd_keys(int d) { return d <= 128 ? kBwdKeys 
 XLA_ATTN_HOST_DEVICE constexpr bool bwd_covers(int head_dim) {
   return head_dim > 32 && head_dim <= 256;
 }
-// K and V (kBwdKeys rows), kStages stages of Q and dO (bwd_rows rows), two buffers of the
-// block's dS^T (kBwdKeys keys x bwd_rows rows, 16-bit, in column blocks of 64 rows: one
-// 128-byte row a key), the consumer warps' dQ chunks on their way to the accumulator (a
-// warp's 16 rows x bwd_dq_cols(d) columns of f32, in the accumulator's chunk layout), two
-// tiles' lse and D floats, then the barriers. d128: 64 + 64 + 32 + 64 + 1 KB (226 KB);
-// d64: 32 + 64 + 64 + 32 + 2 KB.
+// K and V (kBwdKeys rows), kStages stages of Q and dO (bwd_rows rows), bwd_ds_buffers of
+// the block's dS^T (kBwdKeys keys x bwd_rows rows, 16-bit, in column blocks of 64 rows:
+// one 128-byte row a key), the consumer warps' dQ chunks on their way to the accumulator
+// (a warp's 16 rows x bwd_dq_cols(d) columns of f32, in the accumulator's chunk layout),
+// two tiles' lse and D floats (d128: a warpgroup's own), then the barriers. d128: 64 + 64
+// + 48 + 32 + 2 KB (211 KB); d64: 32 + 64 + 64 + 32 + 2 KB.
 // d256: K and V (64 keys), kStages stages of Q and dO, P^T softcap' (f32, 64 keys x 64
 // rows) passed from the dV side to the dK side, one buffer of dS^T (the sides meet
 // twice a tile), the lse and D floats: 64 + 128 + 16 + 8 + 1 KB (dQ goes out by
@@ -449,23 +449,31 @@ XLA_ATTN_HOST_DEVICE constexpr int bwd_kv_bytes(int d) { return bwd_keys(d) * 2 
 XLA_ATTN_HOST_DEVICE constexpr int bwd_rows_bytes(int d) { return bwd_rows(d) * 2 * d; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_ds_bytes(int d) { return kBwdKeys * bwd_rows(d) * 2; }
 // dQ = dS K over the block's 128 keys. d128: one warpgroup a tile computes the whole 64 x
-// 128 dQ tile (N = 128), the warpgroups in turns by tile parity, so that one's product runs
-// while the other starts the next tile (cuDNN's d128 backward kernel does so, ncu source
-// view). d64 splits its 128-row tiles by rows (64 rows, all 64 columns, each warpgroup).
-// A consumer warp stages its 16 rows x bwd_dq_cols(d) f32 of dQ in a slice of its own.
-XLA_ATTN_HOST_DEVICE constexpr bool bwd_dq_in_turns(int d) { return d > 64 && d <= 128; }
-XLA_ATTN_HOST_DEVICE constexpr int bwd_dq_cols(int d) { return bwd_dq_in_turns(d) ? 128 : 64; }
+// 128 dQ tile (N = 128), the warpgroups in turns by tile parity (cuDNN's d128 backward
+// kernel does so, ncu source view), and a tile late: in tile it, warpgroup it % 2 computes
+// tile it - 1's dQ after its own element-wise section, so that it never waits for the
+// other's dS^T of the tile it is in (flash/bwd_sm90.cuh). That takes three dS^T buffers,
+// and lse / D rows a warpgroup. d64 splits its 128-row tiles by rows (64 rows, all 64
+// columns, each warpgroup, in the tile itself). A consumer warp stages its 16 rows x
+// bwd_dq_cols(d) f32 of dQ in a slice: d64 a slice a consumer warp, d128 a slice a warp of
+// the warpgroup whose turn it is.
+XLA_ATTN_HOST_DEVICE constexpr bool bwd_dq_late(int d) { return d > 64 && d <= 128; }
+XLA_ATTN_HOST_DEVICE constexpr int bwd_dq_cols(int d) { return bwd_dq_late(d) ? 128 : 64; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_dq_warp_bytes(int d) { return 16 * bwd_dq_cols(d) * 4; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_dq_bytes(int d) {
-  return 4 * kConsumerWarpgroups * bwd_dq_warp_bytes(d);
+  return 4 * (bwd_dq_late(d) ? 1 : kConsumerWarpgroups) * bwd_dq_warp_bytes(d);
 }
+XLA_ATTN_HOST_DEVICE constexpr int bwd_ds_buffers(int d) { return bwd_dq_late(d) ? 3 : 2; }
 constexpr int kBwdPD256Bytes = kBwdKeysD256 * kBwdRows * 4;
 constexpr int kBwdDsD256Bytes = kBwdKeysD256 * kBwdRows * 2;
 constexpr int kBwdBarrierBytes = 8 * (1 + 2 * kStages);
-XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_bytes(int d) { return 2 * 2 * bwd_rows(d) * 4; }
+XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_bytes(int d) {
+  return (bwd_dq_late(d) ? kConsumerWarpgroups : 1) * 2 * 2 * bwd_rows(d) * 4;
+}
 XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
   return kAlign + 2 * bwd_kv_bytes(d) + 2 * kStages * bwd_rows_bytes(d) +
-         (d <= 128 ? 2 * bwd_ds_bytes(d) + bwd_dq_bytes(d) : kBwdPD256Bytes + kBwdDsD256Bytes) +
+         (d <= 128 ? bwd_ds_buffers(d) * bwd_ds_bytes(d) + bwd_dq_bytes(d)
+                   : kBwdPD256Bytes + kBwdDsD256Bytes) +
          bwd_stat_bytes(d) + kBwdBarrierBytes;
 }
 static_assert(bwd_smem_bytes(64) <= kSmemLimit && bwd_smem_bytes(128) <= kSmemLimit &&
