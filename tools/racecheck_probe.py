@@ -39,15 +39,18 @@ __device__ __forceinline__ void hand_over(int id, int mode, bool giver) {
 }
 
 extern "C" __global__ void probe(int* out, int mode, int rounds, int read_first) {
-  __shared__ int buf[128];
+  // write: one buffer, so that each round's writes follow the other warpgroup's; read:
+  // two in turns, so that a round reads the other's last round and writes no element
+  // its own warpgroup reads in that round
+  __shared__ int buf[2][128];
   const int t = threadIdx.x, group = t / 128, lane = t % 128;
   int seen = 0;
   for (int r = 0; r < rounds; ++r) {
     const bool mine = (r % 2) == group;
     if (mine) {
       // the taker of round r - 1's hand-over; another warp wrote buf[127 - lane]
-      if (read_first && r > 0) seen += buf[127 - lane];
-      buf[lane] = 1000 * r + lane;
+      if (read_first && r > 0) seen += buf[(r - 1) % 2][127 - lane];
+      buf[read_first ? r % 2 : 0][lane] = 1000 * r + lane;
     }
     if (r + 1 < rounds) hand_over(1 + r % 2, mode, mine);
   }

@@ -358,7 +358,11 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     // reduction with sDq, and the other warpgroup waits there before tile u's dQ. Two ids
     // in turns: warpgroup u % 2 arrives on bar_ds(u + 2) only after it has waited on bar_ds
     // (u + 1), which the other arrives on after it waited on bar_ds(u). kBarWg + wg: one
-    // warpgroup's threads (its lse / D rows).
+    // warpgroup's threads (its lse / D rows). compute-sanitizer's racecheck reports the
+    // sDq stores on either side of a bar.arrive -> bar.sync hand-over as write / write
+    // races; it does the same on tools/racecheck_probe.py's 20-line kernel, and none once
+    // the arrive is a bar.sync (docs/benchmarks.md section (44)): the tool does not credit
+    // bar.arrive, which the PTX ISA orders as the producer side of such a hand-over.
     constexpr int kBarAll = 1, kBarWg = 4;
     auto bar_ds = [](int u) { return 2 + (u & 1); };
     // dQ = dS K for the tile of rows from i0_u of query head h_u, its dS^T at ds_u
