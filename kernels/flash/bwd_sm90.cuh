@@ -248,6 +248,26 @@ __device__ __forceinline__ void store_ds_step(uint32_t ds_lane, uint32_t block_b
   }
 }
 
+// store_ds_step by one stmatrix.x4: the fragment's four registers are its four 8 x 8
+// matrices (keys + 8 for f[1], f[3]; rows + 8 for f[2], f[3]), and lane l gives the row
+// address of matrix l / 8, key row l % 8 (`ds_lane` from ds_stsm_lane). cuDNN's d128
+// kernel stores dS so (STSM, ncu source view, docs/benchmarks.md section (43)). d128
+// (H200, fwd+bwd, ncu): +0.4..1.0 %; d64 lost 2.3 / 3.5 % (ptxas spilled 56 / 68 bytes
+// against 36 / 36), so d64 and d256 keep the four st.shared.b32 (section (44)).
+__device__ __forceinline__ void store_ds_step_stsm(uint32_t ds_lane, uint32_t block_bytes,
+                                                   int kk, const uint32_t (&f)[4]) {
+  // chunk (2 (kk % 4) + l / 16) ^ (l % 8) = (l / 16 ^ l % 8, in ds_lane) ^ 2 (kk % 4)
+  sm90::stsm_x4((ds_lane + block_bytes * uint32_t(kk / 4)) ^ (32u * uint32_t(kk % 4)), f);
+}
+
+// The lane's stmatrix row address in a dS^T tile at `tile` for the warp's keys from key_w
+// (a multiple of 16, so the key row's swizzle term is l % 8): matrix l / 8's row l % 8 is
+// key key_w + l % 8 (+ 8 for matrices 1 and 3), 16-byte chunk l / 16 (+ 2 a k-step).
+__device__ __forceinline__ uint32_t ds_stsm_lane(uint32_t tile, int key_w, int lane) {
+  const int r = lane % 8, key = key_w + r + 8 * ((lane / 8) & 1);
+  return tile + uint32_t(key) * kRowBytes + 16u * uint32_t((lane / 16) ^ r);
+}
+
 }  // namespace flash_sm90
 
 template <typename T, int D>
@@ -515,8 +535,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // once a tile); late, tile it - 1's is read in tile it, and a warpgroup may write
       // tile it + 1's before it knows the other is done with tile it - 1's.
       const uint32_t ds_buf = sm90::warp_uniform(sDs + uint32_t(it % kDsBuffers) * kDsBytes);
-      const uint32_t ds_lane = ds_buf + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) +
-                               4u * uint32_t(t);
+      const uint32_t ds_lane =
+          kDqLate ? ds_stsm_lane(ds_buf, key_w, lane)
+                  : ds_buf + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) + 4u * uint32_t(t);
       uint32_t pa[kSteps][4], da[kSteps][4];
       // Called with a constant: inlined, each call a copy specialised on it. The common
       // tile (every key seen by every row, no softcap, no ALiBi) takes an FFMA and the
@@ -608,7 +629,11 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         }
         sm80::accum_to_a<T>(pa[kk], stt[0][2 * kk], stt[0][2 * kk + 1]);
         sm80::accum_to_a<T>(da[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
-        store_ds_step(ds_lane, kDsBlock, kk, da[kk]);
+        if (kDqLate) {
+          store_ds_step_stsm(ds_lane, kDsBlock, kk, da[kk]);
+        } else {
+          store_ds_step(ds_lane, kDsBlock, kk, da[kk]);
+        }
       };
       // The tile's element-wise section in one of three copies. kExpsFirst: every
       // exponential while dP^T's product runs, then dS^T; else both a k-step at a time.
