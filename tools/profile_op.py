@@ -47,7 +47,7 @@ def jit_call(op: str, attn):
 def torch_cudnn_call(op: str, seqlen: int, head_dim: int, causal: bool):
     """torch SDPA under SDPBackend.CUDNN_ATTENTION on bench.py's dense shape ((B, H, S, D),
     bf16): fn() runs the forward, or the forward and the gradients in q, k, v of its
-    output's sum (fwd_bwd); sync() waits for the device."""
+    output's sum (fwd_bwd); sync(x) waits for the device and returns x."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -64,7 +64,11 @@ def torch_cudnn_call(op: str, seqlen: int, head_dim: int, causal: bool):
                 return torch.autograd.grad(out.float().sum(), (q, k, v))
             return out
 
-    return fn, torch.cuda.synchronize
+    def sync(x):
+        torch.cuda.synchronize()
+        return x
+
+    return fn, sync
 
 
 def main() -> None:
@@ -97,12 +101,8 @@ def main() -> None:
     if args.impl != "ours" and (args.op == "decode" or args.fp8):
         p.error("--impl takes the 16-bit fwd and fwd_bwd ops")
     if args.impl == "torch-cudnn":
-        run, torch_sync = torch_cudnn_call(args.op, args.seqlen, args.head_dim, args.causal)
-        fn, inputs = run, ()
-
-        def sync(x):
-            torch_sync()
-            return x
+        fn, sync = torch_cudnn_call(args.op, args.seqlen, args.head_dim, args.causal)
+        inputs = ()
     elif args.op in ("fwd", "fwd_bwd"):
         d, s = args.head_dim, args.seqlen
         b, h = 16384 // s, 2048 // d

@@ -234,38 +234,46 @@ __device__ __forceinline__ void store_stat_scaled(uint32_t at, float x, float fa
 
 // Stores k-step kk of a consumer warp's dS^T (an A fragment: keys g, g + 8 of the warp's
 // 16 x rows 16 kk + 2t, + 1, + 8, + 9) into a keys x rows 16-bit tile (one 128-byte row a
-// key, swizzled): `ds_lane` is the lane's first element (its key's row + 16 g + 4 t).
-// The key's row is 128-byte aligned and its swizzle term is g, so XOR-ing the chunk
-// index into bits 4-6 is the swizzle (sixteen addresses held apart spilled).
-// Rows past 64 go to the next column block of 64 rows (`block_bytes` further).
+// key, swizzled), `ds_lane` from ds_lane_of<kStsm>. Rows past 64 go to the next column
+// block of 64 rows (`block_bytes` further).
+// - kStsm: one stmatrix.x4. The fragment's four registers are its four 8 x 8 matrices
+//   (keys + 8 for f[1], f[3]; rows + 8 for f[2], f[3]); lane l gives the row address of
+//   matrix l / 8, key row l % 8. cuDNN's d128 kernel stores dS so (STSM, ncu source view,
+//   docs/benchmarks.md section (43)). d128 (H200, fwd+bwd, ncu): +0.4..1.0 %; d64 lost 2.3
+//   / 3.5 % (ptxas spilled 56 / 68 bytes against 36 / 36), so d64 and d256 keep the four
+//   st.shared.b32 (section (44)).
+// - else four st.shared.b32, lane (g, t) at its key's row + 16 g + 4 t: the key's row is
+//   128-byte aligned and its swizzle term is g, so XOR-ing the chunk index into bits 4-6
+//   is the swizzle (sixteen addresses held apart spilled).
+template <bool kStsm>
 __device__ __forceinline__ void store_ds_step(uint32_t ds_lane, uint32_t block_bytes, int kk,
                                               const uint32_t (&f)[4]) {
+  if constexpr (kStsm) {
+    // chunk (2 (kk % 4) + l / 16) ^ (l % 8) = (l / 16 ^ l % 8, in ds_lane) ^ 2 (kk % 4)
+    sm90::stsm_x4((ds_lane + block_bytes * uint32_t(kk / 4)) ^ (32u * uint32_t(kk % 4)), f);
+  } else {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {  // f[i]: key + 8 (i odd), rows + 8 (i >= 2)
-    const uint32_t at = (ds_lane + block_bytes * uint32_t(kk / 4) + 1024u * uint32_t(i & 1)) ^
-                        (16u * uint32_t(2 * (kk % 4) + (i >> 1)));
-    asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(f[i]) : "memory");
+    for (int i = 0; i < 4; ++i) {  // f[i]: key + 8 (i odd), rows + 8 (i >= 2)
+      const uint32_t at = (ds_lane + block_bytes * uint32_t(kk / 4) + 1024u * uint32_t(i & 1)) ^
+                          (16u * uint32_t(2 * (kk % 4) + (i >> 1)));
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(f[i]) : "memory");
+    }
   }
 }
 
-// store_ds_step by one stmatrix.x4: the fragment's four registers are its four 8 x 8
-// matrices (keys + 8 for f[1], f[3]; rows + 8 for f[2], f[3]), and lane l gives the row
-// address of matrix l / 8, key row l % 8 (`ds_lane` from ds_stsm_lane). cuDNN's d128
-// kernel stores dS so (STSM, ncu source view, docs/benchmarks.md section (43)). d128
-// (H200, fwd+bwd, ncu): +0.4..1.0 %; d64 lost 2.3 / 3.5 % (ptxas spilled 56 / 68 bytes
-// against 36 / 36), so d64 and d256 keep the four st.shared.b32 (section (44)).
-__device__ __forceinline__ void store_ds_step_stsm(uint32_t ds_lane, uint32_t block_bytes,
-                                                   int kk, const uint32_t (&f)[4]) {
-  // chunk (2 (kk % 4) + l / 16) ^ (l % 8) = (l / 16 ^ l % 8, in ds_lane) ^ 2 (kk % 4)
-  sm90::stsm_x4((ds_lane + block_bytes * uint32_t(kk / 4)) ^ (32u * uint32_t(kk % 4)), f);
-}
-
-// The lane's stmatrix row address in a dS^T tile at `tile` for the warp's keys from key_w
-// (a multiple of 16, so the key row's swizzle term is l % 8): matrix l / 8's row l % 8 is
-// key key_w + l % 8 (+ 8 for matrices 1 and 3), 16-byte chunk l / 16 (+ 2 a k-step).
-__device__ __forceinline__ uint32_t ds_stsm_lane(uint32_t tile, int key_w, int lane) {
-  const int r = lane % 8, key = key_w + r + 8 * ((lane / 8) & 1);
-  return tile + uint32_t(key) * kRowBytes + 16u * uint32_t((lane / 16) ^ r);
+// The lane's address for store_ds_step<kStsm> in a dS^T tile at `tile`, the warp's keys
+// from key_w (a multiple of 16, so a key row's swizzle term is its key % 8). kStsm:
+// matrix l / 8's row l % 8 is key key_w + l % 8 (+ 8 for matrices 1 and 3), 16-byte chunk
+// l / 16 (+ 2 a k-step); else lane (g, t)'s first element.
+template <bool kStsm>
+__device__ __forceinline__ uint32_t ds_lane_of(uint32_t tile, int key_w, int lane) {
+  if constexpr (kStsm) {
+    const int r = lane % 8, key = key_w + r + 8 * ((lane / 8) & 1);
+    return tile + uint32_t(key) * kRowBytes + 16u * uint32_t((lane / 16) ^ r);
+  } else {
+    const int g = lane / 4, t = lane % 4;
+    return tile + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) + 4u * uint32_t(t);
+  }
 }
 
 }  // namespace flash_sm90
@@ -535,9 +543,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // once a tile); late, tile it - 1's is read in tile it, and a warpgroup may write
       // tile it + 1's before it knows the other is done with tile it - 1's.
       const uint32_t ds_buf = sm90::warp_uniform(sDs + uint32_t(it % kDsBuffers) * kDsBytes);
-      const uint32_t ds_lane =
-          kDqLate ? ds_stsm_lane(ds_buf, key_w, lane)
-                  : ds_buf + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) + 4u * uint32_t(t);
+      const uint32_t ds_lane = ds_lane_of<kDqLate>(ds_buf, key_w, lane);
       uint32_t pa[kSteps][4], da[kSteps][4];
       // Called with a constant: inlined, each call a copy specialised on it. The common
       // tile (every key seen by every row, no softcap, no ALiBi) takes an FFMA and the
@@ -629,11 +635,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         }
         sm80::accum_to_a<T>(pa[kk], stt[0][2 * kk], stt[0][2 * kk + 1]);
         sm80::accum_to_a<T>(da[kk], dpt[0][2 * kk], dpt[0][2 * kk + 1]);
-        if (kDqLate) {
-          store_ds_step_stsm(ds_lane, kDsBlock, kk, da[kk]);
-        } else {
-          store_ds_step(ds_lane, kDsBlock, kk, da[kk]);
-        }
+        store_ds_step<kDqLate>(ds_lane, kDsBlock, kk, da[kk]);
       };
       // The tile's element-wise section in one of three copies. kExpsFirst: every
       // exponential while dP^T's product runs, then dS^T; else both a k-step at a time.

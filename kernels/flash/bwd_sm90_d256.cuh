@@ -195,8 +195,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
     } else {
       sm90::named_barrier(2, 256);  // the dV side's P^T softcap'
       // dS^T to sDs (keys x rows, 16-bit) for dQ = dS K (store_ds_step).
-      const uint32_t ds_lane =
-          sDs + uint32_t(key_w + g) * kRowBytes + 16u * uint32_t(g) + 4u * uint32_t(t);
+      const uint32_t ds_lane = ds_lane_of<false>(sDs, key_w, lane);
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
 #pragma unroll
@@ -216,7 +215,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
           d[3] = pg.w * (d[3] - del.y);
         }
         sm80::accum_to_a<T>(frag[kk], sp[0][2 * kk], sp[0][2 * kk + 1]);
-        store_ds_step(ds_lane, 0u, kk, frag[kk]);
+        store_ds_step<false>(ds_lane, 0u, kk, frag[kk]);
       }
       sm90::fence_proxy_async_shared();
     }
