@@ -68,6 +68,16 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// Box at coordinate c0 of a 1-d tensor map into shared address dst, completing on bar.
+__device__ __forceinline__ void tma_load_1d(uint32_t dst, const TensorMap* map, uint32_t bar,
+                                            int c0) {
+  asm volatile(
+      "cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2}], [%3];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(bar)
+      : "memory");
+}
+
 // Box at coordinates c0..c4 (innermost first) of a 5-d tensor map into shared address
 // dst, completing on barrier bar.
 __device__ __forceinline__ void tma_load_5d(uint32_t dst, const TensorMap* map, uint32_t bar,

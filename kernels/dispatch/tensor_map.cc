@@ -38,8 +38,8 @@ std::string encode_tiled(sm90::TensorMap* map, const void* base, int elem_bytes,
   if (!encode) return error;
   cuuint64_t d[5], s[4];
   cuuint32_t b[5], unit[5];
-  if (rank < 1 || rank > 5 || (elem_bytes != 1 && elem_bytes != 2)) {
-    return "xla_attn: encode_tiled: rank 1..5 and 1- or 2-byte elements";
+  if (rank < 1 || rank > 5 || (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4)) {
+    return "xla_attn: encode_tiled: rank 1..5 and 1-, 2- or 4-byte elements";
   }
   for (int i = 0; i < rank; ++i) {
     d[i] = dims[i];
@@ -57,7 +57,9 @@ std::string encode_tiled(sm90::TensorMap* map, const void* base, int elem_bytes,
   if (l2_bytes == 256) l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
   const CUresult status = encode(
       reinterpret_cast<CUtensorMap*>(map),
-      elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16,
+      elem_bytes == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+      : elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
+                        : CU_TENSOR_MAP_DATA_TYPE_UINT32,
       cuuint32_t(rank), const_cast<void*>(base), d, s, b, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
       swizzle, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS) {

@@ -137,13 +137,19 @@ static_assert(kBwdBarrierBytes == 8 * (1 + 2 * kStages), "BwdBars' layout");
 
 // The producer warpgroup's work (tid its thread): thread 0 copies the block's kKeys rows
 // of K and V (to sK, sV) once, then each tile's Q and dO rows into stage it % kStages
-// (kRows bytes apart from sQ, sdO) once the consumers have freed it.
-template <int kColBlocks, int kKeys, int kTileRows>
+// (kRows bytes apart from sQ, sdO) once the consumers have freed it; kStats, also the
+// tile's lse and D boxes into the stage's two slots from sStat (bwd_stat_bytes; zeros
+// past the tensors, and the consumers zero the rows past the block's).
+template <int kColBlocks, int kKeys, int kTileRows, bool kStats = false>
 __device__ __forceinline__ void bwd_produce(const BwdArgs& a, const BwdBlock& k, BwdBars bars,
                                             uint32_t sK, uint32_t sV, uint32_t sQ, uint32_t sdO,
-                                            int tid) {
+                                            int tid, uint32_t sStat = 0) {
   constexpr uint32_t kKVBlock = kKeys * kRowBytes, kRowsBlock = kTileRows * kRowBytes;
   constexpr uint32_t kKV = kColBlocks * kKVBlock, kRows = kColBlocks * kRowsBlock;
+  constexpr int kD = kColBlocks * 64;
+  constexpr uint32_t kStatSlot = bwd_stat_slot_bytes(kD);
+  constexpr uint32_t kStatBytes = kStats ? 2 * bwd_stat_box(kD) * 4 : 0;
+  static_assert(!kStats || kTileRows == bwd_rows(kD), "the stat boxes' rows");
   // Only thread 0 copies: the warpgroup's other threads leave at once instead of waiting
   // on every stage's mbarrier beside it (ncu: the producer warpgroup held 32 % of the
   // kernel's warp samples, polling), and thread 0 waits parked (mbar_wait<true>, as the
@@ -162,13 +168,19 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, const BwdBlock& k,
     const int st = it % kStages;
     if (it >= kStages) sm90::mbar_wait<true>(bars.empty(st), uint32_t(it / kStages - 1) & 1u);
     const int h = k.hk * k.group + tile.head, i0 = k.i_lo + tile.row * kTileRows;
-    sm90::mbar_arrive_expect_tx(bars.full(st), 2 * kRows);
+    sm90::mbar_arrive_expect_tx(bars.full(st), 2 * kRows + kStatBytes);
     for (int c = 0; c < kColBlocks; ++c) {
       const int row = int(k.s.q_start + i0);
       sm90::tma_load_3d(sQ + st * kRows + c * kRowsBlock, &a.q_map, bars.full(st), 64 * c, h,
                         row);
       sm90::tma_load_3d(sdO + st * kRows + c * kRowsBlock, &a.dout_map, bars.full(st), 64 * c,
                         h, row);
+    }
+    if (kStats) {  // [head][row] floats; the launcher checks that this fits in 32 bits
+      const int at = (h * a.p.total_q + int(k.s.q_start) + i0) & -kBwdStatPad;
+      const uint32_t stat = sStat + uint32_t(st) * 2u * kStatSlot;
+      sm90::tma_load_1d(stat, &a.lse_map, bars.full(st), at);
+      sm90::tma_load_1d(stat + kStatSlot, &a.delta_map, bars.full(st), at);
     }
   }
 }
@@ -230,6 +242,16 @@ __device__ __forceinline__ void store_stat_scaled(uint32_t at, float x, float fa
   asm volatile("{ .reg .f32 y; mul.f32 y, %1, %2; st.shared.f32 [%0], y; }" ::"r"(at), "f"(x),
                "f"(factor)
                : "memory");
+}
+
+// Two consecutive lse or D rows of a staged stat box (bwd_stats_staged) at shared address
+// `at`, 4-byte aligned only: a tile's rows start 0-3 floats into its box.
+__device__ __forceinline__ float2 stat_pair(uint32_t at) {
+  float2 v;
+  asm volatile("ld.shared.f32 %0, [%2];\n\tld.shared.f32 %1, [%2+4];"
+               : "=f"(v.x), "=f"(v.y)
+               : "r"(at));
+  return v;
 }
 
 // Stores k-step kk of a consumer warp's dS^T (an A fragment: keys g, g + 8 of the warp's
@@ -308,7 +330,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   constexpr uint32_t kKVBlock = kBwdKeys * kRowBytes;     // a column block of K or V
   constexpr uint32_t kRowsBlock = kTileRows * kRowBytes;  // a column block of Q or dO
   constexpr uint32_t kKV = kColBlocks * kKVBlock, kRows = kColBlocks * kRowsBlock;
+  constexpr bool kStatsStaged = bwd_stats_staged(D);       // lse / D with each stage
   constexpr uint32_t kStatBytes = 2 * kTileRows * 4;      // a tile's lse and D floats
+  constexpr uint32_t kStatSlot = bwd_stat_slot_bytes(D);  // staged: lse's box, then D's
   constexpr uint32_t kDsBytes = bwd_ds_bytes(D);          // a tile's dS^T
   constexpr uint32_t kDsBlock = kBwdKeys * kRowBytes;     // 64 of its rows (a column block)
   static_assert(kDsBytes == (kTileRows / 64) * kDsBlock, "dS^T: column blocks of 64 rows");
@@ -334,8 +358,10 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   const uint32_t sDs = sdO + kStages * kRows;          // + (tile % kDsBuffers) * kDsBytes
   const uint32_t sDq = sDs + kDsBuffers * kDsBytes;    // + warp * bwd_dq_warp_bytes
   const uint32_t sStat = sDq + bwd_dq_bytes(D);        // (+ wg * 2 kStatBytes) + (tile % 2) *
-  const uint32_t bars = sStat + bwd_stat_bytes(D);     //   kStatBytes
-  static_assert(bwd_stat_bytes(D) == (kDqLate ? 2 : 1) * 2 * int(kStatBytes), "sStat's size");
+  const uint32_t bars = sStat + bwd_stat_bytes(D);     //   kStatBytes; staged + stage * 2 slots
+  static_assert(bwd_stat_bytes(D) == (kStatsStaged ? kStages * 2 * int(kStatSlot)
+                                                   : (kDqLate ? 2 : 1) * 2 * int(kStatBytes)),
+                "sStat's size");
   const BwdBars bar{bars};
   const uint32_t kv_full = bar.kv_full();
   auto full = [&](int st) { return bar.full(st); };
@@ -345,7 +371,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 
   if (threadIdx.x < 128) {
     sm90::regs_release<kProducerRegs>();
-    bwd_produce<kColBlocks, kBwdKeys, kTileRows>(a, blk, bar, sK, sV, sQ, sdO, threadIdx.x);
+    bwd_produce<kColBlocks, kBwdKeys, kTileRows, kStatsStaged>(a, blk, bar, sK, sV, sQ, sdO,
+                                                               threadIdx.x, sStat);
   } else {
     sm90::regs_acquire<kConsumerRegs>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
@@ -355,8 +382,15 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     float dk[1][kDT][4] = {}, dv[1][kDT][4] = {};
     float(&dk_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dk);
     float(&dv_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dv);
-    // A tile's lse (stat thread sct 0-63, stored as -lse log2 e) and D (64-127) rows,
-    // zeros past i_hi, loaded by the consumers a tile ahead into sStat (two buffers; at
+    // A tile's lse and D rows, zeros past i_hi. kStatsStaged: copied with its stage (lse
+    // as is), the rows past i_hi zeroed here; `staged_stat` the tile's lse row 0, which
+    // sits (h total_q + q_start + i0) % kBwdStatPad floats into its box (i0 % 64 == 0).
+    auto staged_stat = [&](int st, int h) {
+      return sStat + uint32_t(st) * 2u * kStatSlot +
+             4u * uint32_t((h * p.total_q + int(s.q_start)) & (kBwdStatPad - 1));
+    };
+    // Else lse (stat thread sct 0-63, stored as -lse log2 e) and D (64-127) rows, zeros
+    // past i_hi, loaded by the consumers a tile ahead into sStat (two buffers; at
     // d128 each warpgroup its own, sct its thread) and published by the tile's named
     // barrier: written by the producer and published by the stage's mbarrier,
     // compute-sanitizer's racecheck reported the reads as races with the writes.
@@ -463,8 +497,30 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       __syncwarp();
       sm90::named_arrive(bar_ds(u), 256);
     };
+    // A pair of rows' -lse log2 e and D at a tile's stat address plus 4 x its first row.
+    auto nlse_pair = [&](uint32_t at) {
+      float2 v;
+      if constexpr (kStatsStaged) {
+        v = stat_pair(at);
+        v = {v.x * -kLog2e, v.y * -kLog2e};  // one FMUL a row for its elements' FFMA
+      } else {
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(at));
+      }
+      return v;
+    };
+    auto delta_pair = [&](uint32_t at) {
+      float2 v;
+      if constexpr (kStatsStaged) {
+        v = stat_pair(at + kStatSlot);
+      } else {
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                     : "=f"(v.x), "=f"(v.y)
+                     : "r"(at + kTileRows * 4u));
+      }
+      return v;
+    };
     if (tiles > 0) {
-      store_stat(0, sct < 2 * kTileRows ? load_stat(first) : 0.f);
+      if constexpr (!kStatsStaged) store_stat(0, sct < 2 * kTileRows ? load_stat(first) : 0.f);
       sm90::mbar_wait(kv_full, 0u);
       if (keys_valid < kBwdKeys) {
         zero_tiles_rows<kColBlocks>(sK, sV, kBwdKeys, max(keys_valid, 0), ct);
@@ -488,6 +544,16 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       }
       sm90::mbar_wait(full(st), uint32_t(it / kStages) & 1u);
       if (i0 + kTileRows > i_hi) {  // rows past the block's last: zeros (block-uniform)
+        // Staged lse and D too (the next sequence's, or a padding row's NaN D: 0 x NaN is
+        // NaN), before zero_tiles_rows' proxy fence, which orders them before the stage's
+        // next copy.
+        if (kStatsStaged && ct < 2 * kTileRows && ct % kTileRows >= i_hi - i0) {
+          asm volatile("st.shared.f32 [%0], %1;" ::"r"(staged_stat(st, h) +
+                                                       uint32_t(ct / kTileRows) * kStatSlot +
+                                                       4u * uint32_t(ct % kTileRows)),
+                       "f"(0.f)
+                       : "memory");
+        }
         zero_tiles_rows<kColBlocks>(tQ, tdO, kTileRows, i_hi - i0, ct);
         sm90::named_barrier(kBarAll, 256);
       }
@@ -527,7 +593,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // The next tile's lse / D row, while the products run.
       BwdTileCursor next = tile;
       next.advance(per_head, group);
-      const float next_stat = it + 1 < tiles && sct < 2 * kTileRows ? load_stat(next) : 0.f;
+      const float next_stat =
+          !kStatsStaged && it + 1 < tiles && sct < 2 * kTileRows ? load_stat(next) : 0.f;
       if (kDqLate && it > 0 && ((it - 1) & 1) == wg) ds_done(it - 1);
       sm90::wgmma_wait<kExpsFirst ? 1 : 0>();
       sm90::wgmma_hold(st_flat);
@@ -536,7 +603,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // P^T and dS^T (times softcap'). Element (nt, 2 hf + e): key n0 + key_w + g + 8 hf,
       // row i0 + 8 nt + 2t + e.
       const bool mask = (i0 < full_lo) | (i0 + kTileRows > full_hi);
-      const uint32_t stat = stat_at + uint32_t(it % 2) * kStatBytes;
+      const uint32_t stat =
+          kStatsStaged ? staged_stat(st, h) : stat_at + uint32_t(it % 2) * kStatBytes;
       // dS^T goes to the block's buffer (keys x rows, 16-bit) for dQ = dS K
       // (store_ds_step): the block's 128 keys, kDsBuffers buffers by tile. Not late, a
       // warpgroup writes tile it + 1's while the other may still read tile it's (they meet
@@ -574,10 +642,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       auto exps = [&](const int kMode, const int kk) {
 #pragma unroll
         for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt) {
-          float2 nlse;
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                       : "=f"(nlse.x), "=f"(nlse.y)
-                       : "r"(stat + 4u * uint32_t(nt * 8 + 2 * t)));
+          const float2 nlse = nlse_pair(stat + 4u * uint32_t(nt * 8 + 2 * t));
           const float nlse2[2] = {nlse.x, nlse.y};
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
@@ -602,15 +667,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
         for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt) {
           const int col = nt * 8 + 2 * t;
-          float2 nlse, del;
-          if (kMode == kGradsGeneral) {
-            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                         : "=f"(nlse.x), "=f"(nlse.y)
-                         : "r"(stat + 4u * uint32_t(col)));
-          }
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                       : "=f"(del.x), "=f"(del.y)
-                       : "r"(stat + 4u * uint32_t(kTileRows + col)));
+          float2 nlse;
+          if (kMode == kGradsGeneral) nlse = nlse_pair(stat + 4u * uint32_t(col));
+          const float2 del = delta_pair(stat + 4u * uint32_t(col));
           const float dl[2] = {del.x, del.y};
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
@@ -685,7 +744,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         sm90::wgmma_rs<D, T, kDescLowWord>(dk_flat, da[kk], sm90::desc_plus(rows_desc, at));
       }
       sm90::wgmma_commit();
-      if (it + 1 < tiles) store_stat(it + 1, next_stat);
+      if (!kStatsStaged && it + 1 < tiles) store_stat(it + 1, next_stat);
       if (kDqLate) {
         // dV and dK are done before dQ = dS K is issued: P^T and dS^T (32 registers, read
         // by those products) beside dQ's 64 and dK, dV's 128 made ptxas serialize every
@@ -699,7 +758,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         dq_h = h;
         dq_i0 = i0;
       } else {
-        sm90::named_barrier(kBarAll, 256);  // both warpgroups' dS^T rows (and the next lse / D)
+        sm90::named_barrier(kBarAll, 256);  // both warpgroups' dS^T rows (and any next lse / D)
         dq_tile(h, i0, ds_buf, st);
       }
     }

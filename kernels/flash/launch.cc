@@ -313,6 +313,22 @@ bool launch_bwd_dkdv_sm90(const xla_attn_flash_bwd_params& p, unsigned features,
       !encode_rows(&args.v_map, p.v, p.total_k, p.num_heads_k, p.head_dim, keys).empty()) {
     return false;
   }
+  if (flash_sm90::bwd_stats_staged(bucket)) {
+    // lse and D rows ([num_heads][total_q] f32; D at the workspace's start, bwd_delta) as
+    // one dimension: a tile's rows are in one box from head x total_q + row rounded down
+    // (flash_sm90::bwd_stat_box), a 32-bit coordinate (past the tensor's end, zeros).
+    const int64_t stat_floats = int64_t(p.num_heads) * p.total_q;
+    const int stat_box = flash_sm90::bwd_stat_box(bucket);
+    if (stat_floats + stat_box > INT32_MAX || !p.softmax_lse) return false;
+    const uint64_t dims[1] = {uint64_t(stat_floats)};
+    const uint32_t box[1] = {uint32_t(stat_box)};
+    if (!dispatch::encode_tiled(&args.lse_map, p.softmax_lse, 4, 1, dims, nullptr, box, 0, 0)
+             .empty() ||
+        !dispatch::encode_tiled(&args.delta_map, p.workspace, 4, 1, dims, nullptr, box, 0, 0)
+             .empty()) {
+      return false;
+    }
+  }
   const dim3 grid(unsigned((std::max(p.max_seqlen_k, 1) + keys - 1) / keys), p.num_heads_k,
                   p.batch + 1);
   // longest_first_tail numbers the blocks in 32 bits (one long sequence beside 65534 short
