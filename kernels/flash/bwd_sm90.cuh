@@ -262,8 +262,9 @@ __device__ __forceinline__ float2 stat_pair(uint32_t at) {
 //   (keys + 8 for f[1], f[3]; rows + 8 for f[2], f[3]); lane l gives the row address of
 //   matrix l / 8, key row l % 8. cuDNN's d128 kernel stores dS so (STSM, ncu source view,
 //   docs/benchmarks.md section (43)). d128 (H200, fwd+bwd, ncu): +0.4..1.0 %; d64 lost 2.3
-//   / 3.5 % (ptxas spilled 56 / 68 bytes against 36 / 36), so d64 and d256 keep the four
-//   st.shared.b32 (section (44)).
+//   / 3.5 % (ptxas spilled 56 / 68 bytes against 36 / 36; section (44)), and with its lse
+//   / D staged and no spills still 0.5 / 2.6 % (section (45)), so d64 and d256 keep the four
+//   st.shared.b32.
 // - else four st.shared.b32, lane (g, t) at its key's row + 16 g + 4 t: the key's row is
 //   128-byte aligned and its swizzle term is g, so XOR-ing the chunk index into bits 4-6
 //   is the swizzle (sixteen addresses held apart spilled).

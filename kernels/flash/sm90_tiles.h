@@ -439,8 +439,9 @@ XLA_ATTN_HOST_DEVICE constexpr bool bwd_covers(int head_dim) {
 // the block's dS^T (kBwdKeys keys x bwd_rows rows, 16-bit, in column blocks of 64 rows:
 // one 128-byte row a key), the consumer warps' dQ chunks on their way to the accumulator
 // (a warp's 16 rows x bwd_dq_cols(d) columns of f32, in the accumulator's chunk layout),
-// two tiles' lse and D floats (d128: a warpgroup's own), then the barriers. d128: 64 + 64
-// + 48 + 32 + 2 KB (211 KB); d64: 32 + 64 + 64 + 32 + 2 KB.
+// two tiles' lse and D floats (d128: a warpgroup's own; d64: a stage's boxes,
+// bwd_stat_bytes), then the barriers. d128: 64 + 64 + 48 + 32 + 2 KB (211 KB); d64: 32 +
+// 64 + 64 + 32 + 2.5 KB.
 // d256: K and V (64 keys), kStages stages of Q and dO, P^T softcap' (f32, 64 keys x 64
 // rows) passed from the dV side to the dK side, one buffer of dS^T (the sides meet
 // twice a tile), the lse and D floats: 64 + 128 + 16 + 8 + 1 KB (dQ goes out by
