@@ -91,7 +91,7 @@ def test_time_limit_stops_before_a_process_that_would_overrun(monkeypatch, tmp_p
     clock = [0.0]
     monkeypatch.setattr(ab.time, "monotonic", lambda: clock[0])
 
-    def fake_run(w, configs, op, tokens, timeout, ncu):
+    def fake_run(w, configs, op, tokens, timeout, ncu, config_timeout):
         clock[0] += 100.0
         return {"bf16 d128 S512 full": (400.0 if w == "a" else 440.0, 2e-3)}
 
@@ -183,6 +183,24 @@ def fake_ncu(tmp_path, log_rows: str) -> dict:
     return dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
 
 
+
+@pytest.mark.parametrize("argv, bounds", [
+    (["--ncu"], (ab.NCU_BATCH_BOUND[0] + 3 * ab.NCU_BATCH_BOUND[1], ab.NCU_CONFIG_BOUND)),
+    (["--ncu", "--wheel-timeout", "75"], (75.0, 75.0)),
+    (["--ncu", "--wheel-timeout", "0"], (None, None)),
+    ([], (60.0 + 20.0 * 3, None))])
+def test_process_bounds(monkeypatch, argv, bounds):
+    """The bounds each wheel's processes get: --ncu by default the batched process's
+    (base + a config) and each config's own, --wheel-timeout both (0: none); without
+    --ncu, 60 + 20 s a config."""
+    seen = []
+    monkeypatch.setattr(ab.shutil, "which", lambda name: "/bin/" + name)
+    monkeypatch.setattr(ab, "run_wheel", lambda w, configs, op, tokens, timeout, ncu,
+                        config_timeout: seen.append((timeout, config_timeout)) or {})
+    assert ab.main(["a", "--rounds", "1", "--configs", "bf16:64:512,bf16:128:512,bf16:128:1024",
+                    *argv]) == 0
+    assert seen == [bounds]
+
 def ncu_rows(kernels: list[str]) -> str:
     """ncu CSV rows: one launch of each kernel, in order, 1 ms each."""
     return "".join(f'"{i}","{k}","{ab.NCU_METRIC}","ns","1,000,000"\n'
@@ -203,7 +221,8 @@ def test_ncu_mode_times_each_config_by_its_kernels(tmp_path, capsys, batched):
     marker = [f"xla_attn_{ab.MARK_KERNEL}_flash_portable_bf16_bf16"]
     env = fake_ncu(tmp_path, ncu_rows((calls + marker) * 2 if batched else calls))
     configs = ab.parse_configs("bf16:64:64:causal,bf16:128:128", 256)
-    got = ab.run_under_ncu(configs, "fwd", 256, env, "the installed package", 120.0, tmp_path)
+    got = ab.run_under_ncu(configs, "fwd", 256, env, "the installed package", 120.0, tmp_path,
+                           120.0)
     assert set(got) == {"bf16 d64 S64 causal", "bf16 d128 S128 full"}
     assert got["bf16 d64 S64 causal"][0] == pytest.approx(
         varlen_flops([64] * 4, 32, 64, True, False) / 1e-3 / 1e12)

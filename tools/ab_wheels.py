@@ -56,6 +56,13 @@ NCU_CALLS = 7
 # calls (a one-row reshape_and_cache_flash), which no timed op launches
 MARK_KERNEL = "reshape_and_cache"
 NCU_METRIC = "gpu__time_duration.sum"
+# --ncu without --wheel-timeout: the bound of the one process for all configs (seconds,
+# base + a config) and of each config's own process. Measured on an H200 (docs/
+# benchmarks.md section (45)): a batched process took ~15 s + ~5 s a config (5 configs
+# ~40 s), a config's own ~15 s. About twice that, so that a process that stalls under
+# ncu (twice in that section's three A/Bs) costs a minute rather than 60 + 20 s a config.
+NCU_BATCH_BOUND = (30.0, 10.0)
+NCU_CONFIG_BOUND = 45.0
 NCU_SECONDS = {"ns": 1e-9, "nsecond": 1e-9, "us": 1e-6, "usecond": 1e-6, "ms": 1e-3,
                "msecond": 1e-3, "s": 1.0, "second": 1.0}
 DEFAULT_CONFIGS = ("bf16:64:512:causal,bf16:64:2048,bf16:128:512,bf16:128:512:causal,"
@@ -310,14 +317,16 @@ def ncu_command(log: str) -> tuple[str, ...]:
 
 
 def run_wheel(arg: str, configs, op: str, tokens: int, timeout: float | None = None,
-              ncu: bool = False) -> dict[str, tuple[float, float]]:
+              ncu: bool = False,
+              config_timeout: float | None = None) -> dict[str, tuple[float, float]]:
     whl, extra_env = wheel_file(arg)
     with tempfile.TemporaryDirectory() as site:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                         "--target", site, str(whl)], check=True, capture_output=True)
         env = dict(os.environ, PYTHONPATH=site, **extra_env)
         if ncu:
-            return run_under_ncu(configs, op, tokens, env, arg, timeout, pathlib.Path(site))
+            return run_under_ncu(configs, op, tokens, env, arg, timeout, pathlib.Path(site),
+                                 config_timeout)
         return run_child(child_code(configs, op, tokens), env, arg, timeout)
 
 
@@ -333,7 +342,8 @@ def report_ncu(label: str, got: dict, launches: list[float], res: dict) -> None:
 
 
 def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str,
-                  timeout: float | None, folder: pathlib.Path) -> dict[str, tuple[float, float]]:
+                  timeout: float | None, folder: pathlib.Path,
+                  config_timeout: float | None = None) -> dict[str, tuple[float, float]]:
     """--ncu: {config: (TFLOP/s from the median call's kernel time, error)}, without the
     configs whose process or profile failed. All configs in one process under ncu_command
     (its log in `folder`), a marker launch after each config's calls telling their
@@ -353,10 +363,9 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
     if len(configs) > 1:
         env = marker_env(env)
         log.unlink(missing_ok=True)
-        # bounded as one config's process is (--wheel-timeout's default, 60 + 20 s a
-        # config, is about 6x what a batched process took: 2 configs in ~15 s, H200): the
-        # first run of this form, with a bound of that times the configs, held its GPU call
-        # for 600 s and never finished (docs/benchmarks.md, 2026-11-28 (40))
+        # bounded (NCU_BATCH_BOUND): the first run of this form, with a bound of 60 + 20 s
+        # a config times the configs, held its GPU call for 600 s and never finished
+        # (docs/benchmarks.md, 2026-11-28 (40))
         got = run_child(child_code(configs, op, tokens, NCU_CALLS, mark=True), env, label,
                         timeout, ncu_command(str(log)))
         try:
@@ -372,8 +381,8 @@ def run_under_ncu(configs, op: str, tokens: int, env: dict[str, str], label: str
             res = {}
     for config in configs:
         log.unlink(missing_ok=True)
-        got = run_child(child_code([config], op, tokens, NCU_CALLS), env, label, timeout,
-                        ncu_command(str(log)))
+        got = run_child(child_code([config], op, tokens, NCU_CALLS), env, label,
+                        config_timeout, ncu_command(str(log)))
         if not got:
             continue
         try:
@@ -428,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                    "round counts as failed (0: no bound; default 60 + 20 a config, several "
                    "times what a config takes on an H100, so that a kernel that never ends "
                    "costs minutes: a 600 s bound once held up a whole comparison; --ncu: "
-                   "the bound of each config's process)")
+                   "the bound of the batched process and of each config's, by default "
+                   "NCU_BATCH_BOUND and NCU_CONFIG_BOUND)")
     p.add_argument("--ncu", action="store_true",
                    help="time our kernels at the GPU's base clock under Nsight Compute "
                    "(a process a config) rather than calls' wall time")
@@ -443,8 +453,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--op fwd_bwd: the fp8 forward has no backward")
     if args.op == "fwd_bwd" and any(page for *_, page in configs):
         p.error("--op fwd_bwd: the paged forward has no backward")
-    wheel_timeout = (60.0 + 20.0 * len(configs) if args.wheel_timeout is None
-                     else args.wheel_timeout)
+    if args.wheel_timeout is not None:  # 0: no bound
+        wheel_timeout = config_timeout = args.wheel_timeout or None
+    elif args.ncu:
+        wheel_timeout = NCU_BATCH_BOUND[0] + NCU_BATCH_BOUND[1] * len(configs)
+        config_timeout = NCU_CONFIG_BOUND
+    else:
+        wheel_timeout, config_timeout = 60.0 + 20.0 * len(configs), None
     rounds = {w: [] for w in args.wheels}
     start, longest = time.monotonic(), 0.0
     for i, w in itertools.product(range(args.rounds), args.wheels):
@@ -453,8 +468,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.time_limit:g} s", flush=True)
             break
         t0 = time.monotonic()
-        rounds[w].append(run_wheel(w, configs, args.op, args.tokens, wheel_timeout or None,
-                                   args.ncu))
+        rounds[w].append(run_wheel(w, configs, args.op, args.tokens, wheel_timeout, args.ncu,
+                                   config_timeout))
         longest = max(longest, time.monotonic() - t0)
         # each round as it ends, so that a run cut short still leaves its numbers
         got = " ".join(f"{k}={t:.4g}" for k, (t, _) in rounds[w][-1].items())
