@@ -393,8 +393,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     // Else lse (stat thread sct 0-63, stored as -lse log2 e) and D (64-127) rows, zeros
     // past i_hi, loaded by the consumers a tile ahead into sStat (two buffers; at
     // d128 each warpgroup its own, sct its thread) and published by the tile's named
-    // barrier: written by the producer and published by the stage's mbarrier,
-    // compute-sanitizer's racecheck reported the reads as races with the writes.
+    // barrier. (Stored by producer threads and published by the stage's mbarrier, they
+    // were reported by compute-sanitizer's racecheck as races; the staged rows are the
+    // tensor copy's, which it follows: 0 hazards, docs/benchmarks.md section (45).)
     const int sct = kDqLate ? ct % 128 : ct;
     const uint32_t stat_at = sStat + (kDqLate ? uint32_t(wg) * 2u * kStatBytes : 0u);
     auto load_stat = [&](const BwdTileCursor& c) {
