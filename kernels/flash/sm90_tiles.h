@@ -496,6 +496,8 @@ XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
 static_assert(bwd_smem_bytes(64) <= kSmemLimit && bwd_smem_bytes(128) <= kSmemLimit &&
                   bwd_smem_bytes(256) <= kSmemLimit,
               "the d64 / d128 / d256 backward tiles exceed 227 KB");
+static_assert(bwd_stat_box(64) <= 256 && bwd_stat_box(128) <= 256,
+              "a tensor copy's box takes at most 256 elements a dimension");
 
 struct BwdArgs {
   xla_attn_flash_bwd_params p;
