@@ -244,13 +244,19 @@ __device__ __forceinline__ void store_stat_scaled(uint32_t at, float x, float fa
                : "memory");
 }
 
-// Two consecutive lse or D rows of a staged stat box (bwd_stats_staged) at shared address
-// `at`, 4-byte aligned only: a tile's rows start 0-3 floats into its box.
+// Two consecutive lse or D rows at shared address `at`: one ld.shared.v2 where `at` is
+// 8-byte aligned (kAligned8: rows the consumers stored), else two loads (a staged box,
+// bwd_stats_staged: a tile's rows start 0-3 floats into it).
+template <bool kAligned8>
 __device__ __forceinline__ float2 stat_pair(uint32_t at) {
   float2 v;
-  asm volatile("ld.shared.f32 %0, [%2];\n\tld.shared.f32 %1, [%2+4];"
-               : "=f"(v.x), "=f"(v.y)
-               : "r"(at));
+  if constexpr (kAligned8) {
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(at));
+  } else {
+    asm volatile("ld.shared.f32 %0, [%2];\n\tld.shared.f32 %1, [%2+4];"
+                 : "=f"(v.x), "=f"(v.y)
+                 : "r"(at));
+  }
   return v;
 }
 
@@ -499,27 +505,14 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       __syncwarp();
       sm90::named_arrive(bar_ds(u), 256);
     };
-    // A pair of rows' -lse log2 e and D at a tile's stat address plus 4 x its first row.
+    // A pair of rows' -lse log2 e and D at a tile's stat address plus 4 x its first row
+    // (staged, lse is copied as is: one FMUL a row for its elements' FFMA).
     auto nlse_pair = [&](uint32_t at) {
-      float2 v;
-      if constexpr (kStatsStaged) {
-        v = stat_pair(at);
-        v = {v.x * -kLog2e, v.y * -kLog2e};  // one FMUL a row for its elements' FFMA
-      } else {
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(at));
-      }
-      return v;
+      const float2 v = stat_pair<!kStatsStaged>(at);
+      return kStatsStaged ? float2{v.x * -kLog2e, v.y * -kLog2e} : v;
     };
     auto delta_pair = [&](uint32_t at) {
-      float2 v;
-      if constexpr (kStatsStaged) {
-        v = stat_pair(at + kStatSlot);
-      } else {
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                     : "=f"(v.x), "=f"(v.y)
-                     : "r"(at + kTileRows * 4u));
-      }
-      return v;
+      return stat_pair<!kStatsStaged>(at + (kStatsStaged ? kStatSlot : kTileRows * 4u));
     };
     if (tiles > 0) {
       if constexpr (!kStatsStaged) store_stat(0, sct < 2 * kTileRows ? load_stat(first) : 0.f);

@@ -154,10 +154,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
           const int col = nt * 8 + 2 * t;
-          float2 nlse;
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                       : "=f"(nlse.x), "=f"(nlse.y)
-                       : "r"(stat + 4u * uint32_t(col)));
+          const float2 nlse = stat_pair<true>(stat + 4u * uint32_t(col));
           const float nlse2[2] = {nlse.x, nlse.y};
           float pg[4];
 #pragma unroll
@@ -200,10 +197,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
       for (int kk = 0; kk < kSteps; ++kk) {
 #pragma unroll
         for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt) {
-          float2 del;
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                       : "=f"(del.x), "=f"(del.y)
-                       : "r"(stat + 4u * uint32_t(kBwdRows + nt * 8 + 2 * t)));
+          const float2 del = stat_pair<true>(stat + 4u * uint32_t(kBwdRows + nt * 8 + 2 * t));
           float4 pg;
           asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
                        : "=f"(pg.x), "=f"(pg.y), "=f"(pg.z), "=f"(pg.w)
