@@ -148,7 +148,7 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, const BwdBlock& k,
   constexpr uint32_t kKV = kColBlocks * kKVBlock, kRows = kColBlocks * kRowsBlock;
   constexpr int kD = kColBlocks * 64;
   constexpr uint32_t kStatSlot = bwd_stat_slot_bytes(kD);
-  constexpr uint32_t kStatBytes = kStats ? 2 * bwd_stat_box(kD) * 4 : 0;
+  constexpr uint32_t kStatTx = kStats ? 2 * bwd_stat_box(kD) * 4 : 0;  // the two boxes' bytes
   static_assert(!kStats || kTileRows == bwd_rows(kD), "the stat boxes' rows");
   // Only thread 0 copies: the warpgroup's other threads leave at once instead of waiting
   // on every stage's mbarrier beside it (ncu: the producer warpgroup held 32 % of the
@@ -168,7 +168,7 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, const BwdBlock& k,
     const int st = it % kStages;
     if (it >= kStages) sm90::mbar_wait<true>(bars.empty(st), uint32_t(it / kStages - 1) & 1u);
     const int h = k.hk * k.group + tile.head, i0 = k.i_lo + tile.row * kTileRows;
-    sm90::mbar_arrive_expect_tx(bars.full(st), 2 * kRows + kStatBytes);
+    sm90::mbar_arrive_expect_tx(bars.full(st), 2 * kRows + kStatTx);
     for (int c = 0; c < kColBlocks; ++c) {
       const int row = int(k.s.q_start + i0);
       sm90::tma_load_3d(sQ + st * kRows + c * kRowsBlock, &a.q_map, bars.full(st), 64 * c, h,
