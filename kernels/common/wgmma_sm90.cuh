@@ -241,6 +241,29 @@ static_assert(kDescHigh == 0x40000040u, "XLA_ATTN_DESC_HIGH spells kDescHigh");
 // for a half column block: B then starts 64 bytes into its 128-byte rows; N = 128 spans
 // two column blocks, the leading offset apart).
 // kDescLowWord: the descriptors enter the asm as their low words (see kDescHigh).
+// kBNMajor (wgmma_ss_bn): A K-major, B N-major (imm-trans-a 0, imm-trans-b 1), as the
+// backward's dK += dS^T Q reads dS^T (keys x rows) and Q (rows x D) as stored.
+template <int N, typename T, bool kDescLowWord = false>
+__device__ __forceinline__ void wgmma_ss_bn(float (&d)[N / 2], uint64_t desc_a,
+                                            uint64_t desc_b, bool accumulate) {
+  constexpr bool kBf16 = kSameType<T, __nv_bfloat16>;
+  static_assert(kBf16 || kSameType<T, __half>, "wgmma_ss_bn takes __half or __nv_bfloat16");
+  static_assert(N == 64 || N == 128, "wgmma_ss_bn: N = 64 or 128");
+  if constexpr (N == 64 && kBf16) {
+    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "bf16",
+                      "0, 1");
+  } else if constexpr (N == 64) {
+    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "f16",
+                      "0, 1");
+  } else if constexpr (kBf16) {
+    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
+                      "bf16", "0, 1");
+  } else {
+    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
+                      "f16", "0, 1");
+  }
+}
+
 template <int N, typename T, bool kMNMajor = false, bool kDescLowWord = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          bool accumulate) {

@@ -433,7 +433,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     // races; it does the same on tools/racecheck_probe.py's 20-line kernel, and none once
     // the arrive is a bar.sync (docs/benchmarks.md section (44)): the tool does not credit
     // bar.arrive, which the PTX ISA orders as the producer side of such a hand-over.
-    constexpr int kBarAll = 1, kBarWg = 4;
+    constexpr int kBarAll = 1, kBarWg = 4, kBarWgDs = 6;
     auto bar_ds = [](int u) { return 2 + (u & 1); };
     // dQ = dS K for the tile of rows from i0_u of query head h_u, its dS^T at ds_u
     // (kDqCols / 2 f32 a thread: 64 rows of the tile from dq_row0 x kDqCols columns from
@@ -728,28 +728,50 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       sm90::wgmma_hold(dk_flat);
       sm90::wgmma_hold(dv_flat);
       sm90::wgmma_hold(pa);
-      sm90::wgmma_hold(da);
+      if (!kDqLate) sm90::wgmma_hold(da);
       sm90::wgmma_fence();
       const uint64_t rows_desc = sm90::smem_desc(tQ, kRowsBlock);
+      if constexpr (kDqLate) {
+        // dK reads dS^T from the buffer dQ reads it from (keys x rows, K-major for dK's
+        // A), so that its 16 registers die at the stores: dV first, then the warpgroup's
+        // dS^T rows stored and fenced by all its threads, then dK.
 #pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) {
-        const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
-        sm90::wgmma_rs<D, T, kDescLowWord>(dv_flat, pa[kk],
-                                           sm90::desc_plus(rows_desc, kStages * kRows + at));
-        sm90::wgmma_rs<D, T, kDescLowWord>(dk_flat, da[kk], sm90::desc_plus(rows_desc, at));
+        for (int kk = 0; kk < kSteps; ++kk) {
+          const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
+          sm90::wgmma_rs<D, T, kDescLowWord>(dv_flat, pa[kk],
+                                             sm90::desc_plus(rows_desc, kStages * kRows + at));
+        }
+        sm90::named_barrier(kBarWgDs + wg, 128);
+        uint64_t dsa_desc = sm90::smem_desc(ds_buf + uint32_t(key_wg) * kRowBytes, 16);
+        asm volatile("" : "+l"(dsa_desc));
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+          const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
+          sm90::wgmma_ss_bn<D, T, kDescLowWord>(dk_flat, sm90::desc_plus(dsa_desc, 32u * kk),
+                                                sm90::desc_plus(rows_desc, at), true);
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+          const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
+          sm90::wgmma_rs<D, T, kDescLowWord>(dv_flat, pa[kk],
+                                             sm90::desc_plus(rows_desc, kStages * kRows + at));
+          sm90::wgmma_rs<D, T, kDescLowWord>(dk_flat, da[kk], sm90::desc_plus(rows_desc, at));
+        }
       }
       sm90::wgmma_commit();
       if (!kStatsStaged && it + 1 < tiles) store_stat(it + 1, next_stat);
       if (kDqLate) {
-        // dV and dK are done before dQ = dS K is issued: P^T and dS^T (32 registers, read
-        // by those products) beside dQ's 64 and dK, dV's 128 made ptxas serialize every
-        // product (C7512).
-        release_stage(st);
-        sm90::named_barrier(kBarWg + wg, 128);  // this warpgroup's next lse / D
+        // dQ = dS K is issued with dV and dK in flight: dK reads dS^T from shared memory,
+        // so only P^T's 16 registers stay with them (with dS^T's 16 too, beside dQ's 64
+        // and dK, dV's 128, ptxas serialized every product: C7512). dQ's wait covers them,
+        // and only then is the stage released.
+        if (!kStatsStaged) sm90::named_barrier(kBarWg + wg, 128);  // its next lse / D
         if (it > 0 && (it & 1) == wg) {
           sm90::named_barrier(bar_ds(it - 1), 256);
           dq_tile(dq_h, dq_i0, sDs + uint32_t((it - 1) % kDsBuffers) * kDsBytes, st);
         }
+        release_stage(st);
         dq_h = h;
         dq_i0 = i0;
       } else {

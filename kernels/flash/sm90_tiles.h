@@ -468,16 +468,17 @@ XLA_ATTN_HOST_DEVICE constexpr int bwd_ds_buffers(int d) { return bwd_dq_late(d)
 constexpr int kBwdPD256Bytes = kBwdKeysD256 * kBwdRows * 4;
 constexpr int kBwdDsD256Bytes = kBwdKeysD256 * kBwdRows * 2;
 constexpr int kBwdBarrierBytes = 8 * (1 + 2 * kStages);
-// A tile's lse and D rows (f32). bwd_stats_staged (d64): copied with the tile's Q and dO
-// by the producer (flash/bwd_sm90.cuh, bwd_produce), so that no consumer register or
-// barrier carries them from tile to tile: ptxas's spills went 36 / 36 -> 0 / 0 bytes and
-// fwd+bwd +2.5 / +4.0 % (H200, ncu). d128 lost 1-3 % that way (docs/benchmarks.md
-// section (45)), so there the consumers load them a tile ahead, as d256's do.
+// A tile's lse and D rows (f32). bwd_stats_staged (d64, d128): copied with the tile's Q
+// and dO by the producer (flash/bwd_sm90.cuh, bwd_produce), so that no consumer register
+// or barrier carries them from tile to tile. d64: ptxas's spills 36 / 36 -> 0 / 0 bytes,
+// fwd+bwd +2.5 / +4.0 % (H200, ncu). d128 lost 1-3 % that way until its dK read dS^T
+// from shared memory; with that, 0 / 0 spills and +2.7..+5.8 % (docs/benchmarks.md
+// section (46)). d256's consumers load them a tile ahead.
 // Staged, two boxes a stage of bwd_stat_box(d) floats from the tile's first row rounded
 // down to kBwdStatPad floats: a tensor copy's global start must be 16-byte aligned (boxes
 // from any row stopped the H200 with an illegal instruction), so a tile's rows sit 0-3
 // floats into its box. Each box in a 128-byte aligned slot (the copy's destination).
-XLA_ATTN_HOST_DEVICE constexpr bool bwd_stats_staged(int d) { return d <= 64; }
+XLA_ATTN_HOST_DEVICE constexpr bool bwd_stats_staged(int d) { return d <= 128; }
 constexpr int kBwdStatPad = 4;
 XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_box(int d) { return bwd_rows(d) + kBwdStatPad; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_slot_bytes(int d) {
