@@ -788,9 +788,6 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         dq_tile(dq_h, dq_i0, sDs + uint32_t((tiles - 1) % kDsBuffers) * kDsBytes, 0);
       }
     }
-    // The reductions have completed (and read sDq) before the block may end.
-    if (lane == 0) sm90::bulk_wait<0, false>();
-
     // dK (times the softmax scale) and dV of the warp's 16 keys, staged in the warp's own
     // rows of sK / sV. The other warpgroup's last dQ = dS K reads all 128 rows of sK:
     // both meet first. (Without this barrier a warpgroup that finished first overwrote K
@@ -799,6 +796,12 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     sm90::named_barrier(kBarAll, 256);
     bwd_store_grad<T, kDT>(p, blk, sK, kKVBlock, key_w, lane, dk, p.softmax_scale, p.dk);
     bwd_store_grad<T, kDT>(p, blk, sV, kKVBlock, key_w, lane, dv, 1.f, p.dv);
+    // The warp's last reduction has read its sDq slice before the block may end; its
+    // adds into dQ's accumulator complete on their own, before the kernel does (the
+    // dQ conversion kernel runs after it), as an O tile's store does in the forward.
+    // Waiting for them to complete (before dK / dV, as here until 2026-11-29) held every
+    // warp on the last tile's reductions through the 256-thread barrier.
+    if (lane == 0) sm90::bulk_wait<0, /*kRead=*/true>();
   }
 }
 
