@@ -236,71 +236,52 @@ static_assert(kDescHigh == 0x40000040u, "XLA_ATTN_DESC_HIGH spells kDescHigh");
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));                \
   }
 
-// kMNMajor: A (64 x 16) stored M-major and B (16 x N) N-major (imm-trans-a = imm-trans-b
-// = 1; 16-bit types only), as the backward's dQ = dS K reads dS^T and K as stored (N = 32
-// for a half column block: B then starts 64 bytes into its 128-byte rows; N = 128 spans
-// two column blocks, the leading offset apart).
-// kDescLowWord: the descriptors enter the asm as their low words (see kDescHigh).
-// kBNMajor (wgmma_ss_bn): A K-major, B N-major (imm-trans-a 0, imm-trans-b 1), as the
-// backward's dK += dS^T Q reads dS^T (keys x rows) and Q (rows x D) as stored.
-template <int N, typename T, bool kDescLowWord = false>
-__device__ __forceinline__ void wgmma_ss_bn(float (&d)[N / 2], uint64_t desc_a,
-                                            uint64_t desc_b, bool accumulate) {
-  constexpr bool kBf16 = kSameType<T, __nv_bfloat16>;
-  static_assert(kBf16 || kSameType<T, __half>, "wgmma_ss_bn takes __half or __nv_bfloat16");
-  static_assert(N == 64 || N == 128, "wgmma_ss_bn: N = 64 or 128");
-  if constexpr (N == 64 && kBf16) {
-    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "bf16",
-                      "0, 1");
-  } else if constexpr (N == 64) {
-    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "f16",
-                      "0, 1");
-  } else if constexpr (kBf16) {
-    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
-                      "bf16", "0, 1");
-  } else {
-    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
-                      "f16", "0, 1");
-  }
-}
+// The operands' layouts in shared memory (imm-trans-a, imm-trans-b):
+// - kK: A (64 x 16) K-major and B (16 x N) K-major ("0, 0"), as S = Q K^T reads them.
+// - kMN: A stored M-major and B N-major ("1, 1"; 16-bit types only), as the backward's
+//   dQ = dS K reads dS^T and K as stored (N = 32 for a half column block: B then starts
+//   64 bytes into its 128-byte rows; N = 128 spans two column blocks, the leading offset
+//   apart).
+// - kBN: A K-major, B N-major ("0, 1"), as the backward's dK += dS^T Q reads dS^T (keys x
+//   rows) and Q (rows x D) as stored.
+enum class SsMajor { kK, kMN, kBN };
 
-template <int N, typename T, bool kMNMajor = false, bool kDescLowWord = false>
+// One wgmma_ss instruction for wgmma_ss's N and T (kBf16) with the layouts TRANS.
+#define XLA_ATTN_WGMMA_SS_NT(TRANS)                                                            \
+  if constexpr (N == 32 && kBf16) {                                                           \
+    XLA_ATTN_WGMMA_SS("32", XLA_ATTN_WGMMA_REGS16, XLA_ATTN_WGMMA_ACC16, "16", "17", "18",     \
+                      "bf16", TRANS);                                                         \
+  } else if constexpr (N == 32) {                                                             \
+    XLA_ATTN_WGMMA_SS("32", XLA_ATTN_WGMMA_REGS16, XLA_ATTN_WGMMA_ACC16, "16", "17", "18",     \
+                      "f16", TRANS);                                                          \
+  } else if constexpr (N == 64 && kBf16) {                                                    \
+    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34",     \
+                      "bf16", TRANS);                                                         \
+  } else if constexpr (N == 64) {                                                             \
+    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34",     \
+                      "f16", TRANS);                                                          \
+  } else if constexpr (kBf16) {                                                               \
+    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",    \
+                      "bf16", TRANS);                                                         \
+  } else {                                                                                    \
+    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",    \
+                      "f16", TRANS);                                                          \
+  }
+
+// kDescLowWord: the descriptors enter the asm as their low words (see kDescHigh).
+template <int N, typename T, SsMajor kMajor = SsMajor::kK, bool kDescLowWord = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          bool accumulate) {
   constexpr bool kBf16 = kSameType<T, __nv_bfloat16>;
   static_assert(kBf16 || kSameType<T, __half>, "wgmma_ss takes __half or __nv_bfloat16");
-  static_assert(N == 64 || N == 128 || (N == 32 && kMNMajor),
+  static_assert(N == 64 || N == 128 || (N == 32 && kMajor == SsMajor::kMN),
                 "wgmma_ss: N = 64 or 128 (32: M/N-major)");
-  if constexpr (N == 32 && kBf16) {
-    XLA_ATTN_WGMMA_SS("32", XLA_ATTN_WGMMA_REGS16, XLA_ATTN_WGMMA_ACC16, "16", "17", "18", "bf16",
-                      "1, 1");
-  } else if constexpr (N == 32) {
-    XLA_ATTN_WGMMA_SS("32", XLA_ATTN_WGMMA_REGS16, XLA_ATTN_WGMMA_ACC16, "16", "17", "18", "f16",
-                      "1, 1");
-  } else if constexpr (N == 64 && kBf16 && kMNMajor) {
-    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "bf16",
-                      "1, 1");
-  } else if constexpr (N == 64 && kMNMajor) {
-    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "f16",
-                      "1, 1");
-  } else if constexpr (N == 64 && kBf16) {
-    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "bf16",
-                      "0, 0");
-  } else if constexpr (N == 64) {
-    XLA_ATTN_WGMMA_SS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "f16",
-                      "0, 0");
-  } else if constexpr (kMNMajor && kBf16) {
-    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
-                      "bf16", "1, 1");
-  } else if constexpr (kMNMajor) {
-    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
-                      "f16", "1, 1");
-  } else if constexpr (kBf16) {
-    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
-                      "bf16", "0, 0");
+  if constexpr (kMajor == SsMajor::kMN) {
+    XLA_ATTN_WGMMA_SS_NT("1, 1")
+  } else if constexpr (kMajor == SsMajor::kBN) {
+    XLA_ATTN_WGMMA_SS_NT("0, 1")
   } else {
-    XLA_ATTN_WGMMA_SS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
-                      "f16", "0, 0");
+    XLA_ATTN_WGMMA_SS_NT("0, 0")
   }
 }
 
@@ -374,6 +355,7 @@ __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t 
 }
 
 #undef XLA_ATTN_WGMMA_SS
+#undef XLA_ATTN_WGMMA_SS_NT
 #undef XLA_ATTN_WGMMA_RS
 #undef XLA_ATTN_WGMMA_SS_E4M3
 #undef XLA_ATTN_WGMMA_RS_E4M3

@@ -455,7 +455,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
       for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
         const uint32_t keys_at = uint32_t(16 * kk) * kRowBytes;
-        sm90::wgmma_ss<kDqCols, T, true, kDescLowWord>(dq, sm90::desc_plus(ds_desc, keys_at),
+        sm90::wgmma_ss<kDqCols, T, sm90::SsMajor::kMN, kDescLowWord>(dq, sm90::desc_plus(ds_desc, keys_at),
                                                        sm90::desc_plus(kcol_desc, keys_at),
                                                        kk > 0);
       }
@@ -569,7 +569,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       auto sdp_step = [&](float(&acc)[kNT * 4], bool dp, int kk) {
         const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(kk % 4) * 32u;
         const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
-        sm90::wgmma_ss<kTileRows, T, false, kDescLowWord>(
+        sm90::wgmma_ss<kTileRows, T, sm90::SsMajor::kK, kDescLowWord>(
             acc, sm90::desc_plus(k_desc, (dp ? kKV : 0u) + at),
             sm90::desc_plus(q_desc, (dp ? kStages * kRows : 0u) + rows_at), kk > 0);
       };
@@ -747,7 +747,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
         for (int kk = 0; kk < kSteps; ++kk) {
           const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
-          sm90::wgmma_ss_bn<D, T, kDescLowWord>(dk_flat, sm90::desc_plus(dsa_desc, 32u * kk),
+          sm90::wgmma_ss<D, T, sm90::SsMajor::kBN, kDescLowWord>(dk_flat, sm90::desc_plus(dsa_desc, 32u * kk),
                                                 sm90::desc_plus(rows_desc, at), true);
         }
       } else {

@@ -116,7 +116,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t at = uint32_t(kk / 4) * kKVBlock + uint32_t(kk % 4) * 32u;
       const uint32_t rows_at = uint32_t(kk / 4) * kRowsBlock + uint32_t(kk % 4) * 32u;
-      sm90::wgmma_ss<kBwdRows, T, false, kDescLowWord>(
+      sm90::wgmma_ss<kBwdRows, T, sm90::SsMajor::kK, kDescLowWord>(
           sp_flat, sm90::desc_plus(kv_desc, at), sm90::desc_plus(rows_desc, rows_at), kk > 0);
     }
     sm90::wgmma_commit();
@@ -229,7 +229,7 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
       const uint32_t keys_at = uint32_t(16 * kk) * kRowBytes;
 #pragma unroll
       for (int cb = 0; cb < 2; ++cb) {
-        sm90::wgmma_ss<64, T, true, kDescLowWord>(
+        sm90::wgmma_ss<64, T, sm90::SsMajor::kMN, kDescLowWord>(
             dq[cb], sm90::desc_plus(ds_desc, keys_at),
             sm90::desc_plus(kcol_desc, cb * kKVBlock + keys_at), kk > 0);
       }
