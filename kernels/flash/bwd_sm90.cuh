@@ -8,9 +8,8 @@
 // batch + 1 padding block):
 // - warpgroup 0, the producer: thread 0 copies K and V once, then for every tile (query
 //   head of the GQA group x bwd_rows(D) query rows: 64, d64 128) Q and dO into one of
-//   kStages stages.
-// - the consumers load each tile's lse and D rows (zeros past the rows that see the
-//   block) a tile ahead.
+//   kStages stages, with the tile's lse and D rows (the consumers zero those past the
+//   rows that see the block).
 // - warpgroups 1 and 2, the consumers, 64 keys each: per tile S^T = K Q^T and dP^T = V
 //   dO^T (wgmma, both operands in shared memory), P^T = exp2(S^T - lse) and dS^T = P^T
 //   (dP^T - D) in registers (the sm80 kernel's masks, softcap and ALiBi), dV += P^T dO and
@@ -337,8 +336,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   constexpr uint32_t kKVBlock = kBwdKeys * kRowBytes;     // a column block of K or V
   constexpr uint32_t kRowsBlock = kTileRows * kRowBytes;  // a column block of Q or dO
   constexpr uint32_t kKV = kColBlocks * kKVBlock, kRows = kColBlocks * kRowsBlock;
-  constexpr bool kStatsStaged = bwd_stats_staged(D);       // lse / D with each stage
-  constexpr uint32_t kStatBytes = 2 * kTileRows * 4;      // a tile's lse and D floats
+  static_assert(bwd_stats_staged(D), "lse / D come with each stage (sm90_tiles.h)");
   constexpr uint32_t kStatSlot = bwd_stat_slot_bytes(D);  // staged: lse's box, then D's
   constexpr uint32_t kDsBytes = bwd_ds_bytes(D);          // a tile's dS^T
   constexpr uint32_t kDsBlock = kBwdKeys * kRowBytes;     // 64 of its rows (a column block)
@@ -364,11 +362,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   constexpr int kDsBuffers = bwd_ds_buffers(D);
   const uint32_t sDs = sdO + kStages * kRows;          // + (tile % kDsBuffers) * kDsBytes
   const uint32_t sDq = sDs + kDsBuffers * kDsBytes;    // + warp * bwd_dq_warp_bytes
-  const uint32_t sStat = sDq + bwd_dq_bytes(D);        // (+ wg * 2 kStatBytes) + (tile % 2) *
-  const uint32_t bars = sStat + bwd_stat_bytes(D);     //   kStatBytes; staged + stage * 2 slots
-  static_assert(bwd_stat_bytes(D) == (kStatsStaged ? kStages * 2 * int(kStatSlot)
-                                                   : (kDqLate ? 2 : 1) * 2 * int(kStatBytes)),
-                "sStat's size");
+  const uint32_t sStat = sDq + bwd_dq_bytes(D);        // + stage * 2 slots
+  const uint32_t bars = sStat + bwd_stat_bytes(D);
+  static_assert(bwd_stat_bytes(D) == kStages * 2 * int(kStatSlot), "sStat's size");
   const BwdBars bar{bars};
   const uint32_t kv_full = bar.kv_full();
   auto full = [&](int st) { return bar.full(st); };
@@ -378,7 +374,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 
   if (threadIdx.x < 128) {
     sm90::regs_release<kProducerRegs>();
-    bwd_produce<kColBlocks, kBwdKeys, kTileRows, kStatsStaged>(a, blk, bar, sK, sV, sQ, sdO,
+    bwd_produce<kColBlocks, kBwdKeys, kTileRows, true>(a, blk, bar, sK, sV, sQ, sdO,
                                                                threadIdx.x, sStat);
   } else {
     sm90::regs_acquire<kConsumerRegs>();
@@ -389,31 +385,13 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     float dk[1][kDT][4] = {}, dv[1][kDT][4] = {};
     float(&dk_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dk);
     float(&dv_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dv);
-    // A tile's lse and D rows, zeros past i_hi. kStatsStaged: copied with its stage (lse
-    // as is), the rows past i_hi zeroed here; `staged_stat` the tile's lse row 0, which
-    // sits (h total_q + q_start + i0) % kBwdStatPad floats into its box (i0 % 64 == 0).
+    // A tile's lse and D rows, copied with its stage (lse as is; compute-sanitizer's
+    // racecheck follows the tensor copy: 0 hazards, docs/benchmarks.md section (45)), the
+    // rows past i_hi zeroed here; `staged_stat` the tile's lse row 0, which sits (h
+    // total_q + q_start + i0) % kBwdStatPad floats into its box (i0 % 64 == 0).
     auto staged_stat = [&](int st, int h) {
       return sStat + uint32_t(st) * 2u * kStatSlot +
              4u * uint32_t((h * p.total_q + int(s.q_start)) & (kBwdStatPad - 1));
-    };
-    // Else lse (stat thread sct 0-63, stored as -lse log2 e) and D (64-127) rows, zeros
-    // past i_hi, loaded by the consumers a tile ahead into sStat (two buffers; at
-    // d128 each warpgroup its own, sct its thread) and published by the tile's named
-    // barrier. (Stored by producer threads and published by the stage's mbarrier, they
-    // were reported by compute-sanitizer's racecheck as races; the staged rows are the
-    // tensor copy's, which it follows: 0 hazards, docs/benchmarks.md section (45).)
-    const int sct = kDqLate ? ct % 128 : ct;
-    const uint32_t stat_at = sStat + (kDqLate ? uint32_t(wg) * 2u * kStatBytes : 0u);
-    auto load_stat = [&](const BwdTileCursor& c) {
-      const int i = i_lo + c.row * kTileRows + sct % kTileRows;
-      const float* src = sct < kTileRows ? p.softmax_lse : bwd_delta(p);
-      return i < i_hi ? src[int64_t(hk * group + c.head) * p.total_q + s.q_start + i] : 0.f;
-    };
-    auto store_stat = [&](int it, float x) {
-      if (sct < 2 * kTileRows) {
-        store_stat_scaled(stat_at + uint32_t(it % 2) * kStatBytes + 4u * uint32_t(sct), x,
-                          sct < kTileRows ? -kLog2e : 1.f);
-      }
     };
     // Once dV, dK (the products last committed before dQ's, if any) are done, S^T, dP^T,
     // dV and dK are done with stage st: each consumer warp arrives on its empty barrier.
@@ -427,13 +405,13 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     // bar_ds(u) once tile u's dS^T is stored, its dQ of tile u - 1 done with dS^T and its
     // reduction with sDq, and the other warpgroup waits there before tile u's dQ. Two ids
     // in turns: warpgroup u % 2 arrives on bar_ds(u + 2) only after it has waited on bar_ds
-    // (u + 1), which the other arrives on after it waited on bar_ds(u). kBarWg + wg: one
-    // warpgroup's threads (its lse / D rows). compute-sanitizer's racecheck reports the
+    // (u + 1), which the other arrives on after it waited on bar_ds(u). kBarWgDs + wg: one
+    // warpgroup's threads (its dS^T rows for dK). compute-sanitizer's racecheck reports the
     // sDq stores on either side of a bar.arrive -> bar.sync hand-over as write / write
     // races; it does the same on tools/racecheck_probe.py's 20-line kernel, and none once
     // the arrive is a bar.sync (docs/benchmarks.md section (44)): the tool does not credit
     // bar.arrive, which the PTX ISA orders as the producer side of such a hand-over.
-    constexpr int kBarAll = 1, kBarWg = 4, kBarWgDs = 6;
+    constexpr int kBarAll = 1, kBarWgDs = 4;
     auto bar_ds = [](int u) { return 2 + (u & 1); };
     // dQ = dS K for the tile of rows from i0_u of query head h_u, its dS^T at ds_u
     // (kDqCols / 2 f32 a thread: 64 rows of the tile from dq_row0 x kDqCols columns from
@@ -506,16 +484,13 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       sm90::named_arrive(bar_ds(u), 256);
     };
     // A pair of rows' -lse log2 e and D at a tile's stat address plus 4 x its first row
-    // (staged, lse is copied as is: one FMUL a row for its elements' FFMA).
+    // (lse is copied as is: one FMUL a row for its elements' FFMA).
     auto nlse_pair = [&](uint32_t at) {
-      const float2 v = stat_pair<!kStatsStaged>(at);
-      return kStatsStaged ? float2{v.x * -kLog2e, v.y * -kLog2e} : v;
+      const float2 v = stat_pair<false>(at);
+      return float2{v.x * -kLog2e, v.y * -kLog2e};
     };
-    auto delta_pair = [&](uint32_t at) {
-      return stat_pair<!kStatsStaged>(at + (kStatsStaged ? kStatSlot : kTileRows * 4u));
-    };
+    auto delta_pair = [&](uint32_t at) { return stat_pair<false>(at + kStatSlot); };
     if (tiles > 0) {
-      if constexpr (!kStatsStaged) store_stat(0, sct < 2 * kTileRows ? load_stat(first) : 0.f);
       sm90::mbar_wait(kv_full, 0u);
       if (keys_valid < kBwdKeys) {
         zero_tiles_rows<kColBlocks>(sK, sV, kBwdKeys, max(keys_valid, 0), ct);
@@ -542,7 +517,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         // Staged lse and D too (the next sequence's, or a padding row's NaN D: 0 x NaN is
         // NaN), before zero_tiles_rows' proxy fence, which orders them before the stage's
         // next copy.
-        if (kStatsStaged && ct < 2 * kTileRows && ct % kTileRows >= i_hi - i0) {
+        if (ct < 2 * kTileRows && ct % kTileRows >= i_hi - i0) {
           asm volatile("st.shared.f32 [%0], %1;" ::"r"(staged_stat(st, h) +
                                                        uint32_t(ct / kTileRows) * kStatSlot +
                                                        4u * uint32_t(ct % kTileRows)),
@@ -585,11 +560,6 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         for (int kk = 0; kk < D / 16; ++kk) dp_step(kk);
       }
       sm90::wgmma_commit();
-      // The next tile's lse / D row, while the products run.
-      BwdTileCursor next = tile;
-      next.advance(per_head, group);
-      const float next_stat =
-          !kStatsStaged && it + 1 < tiles && sct < 2 * kTileRows ? load_stat(next) : 0.f;
       if (kDqLate && it > 0 && ((it - 1) & 1) == wg) ds_done(it - 1);
       sm90::wgmma_wait<kExpsFirst ? 1 : 0>();
       sm90::wgmma_hold(st_flat);
@@ -598,8 +568,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       // P^T and dS^T (times softcap'). Element (nt, 2 hf + e): key n0 + key_w + g + 8 hf,
       // row i0 + 8 nt + 2t + e.
       const bool mask = (i0 < full_lo) | (i0 + kTileRows > full_hi);
-      const uint32_t stat =
-          kStatsStaged ? staged_stat(st, h) : stat_at + uint32_t(it % 2) * kStatBytes;
+      const uint32_t stat = staged_stat(st, h);
       // dS^T goes to the block's buffer (keys x rows, 16-bit) for dQ = dS K
       // (store_ds_step): the block's 128 keys, kDsBuffers buffers by tile. Not late, a
       // warpgroup writes tile it + 1's while the other may still read tile it's (they meet
@@ -760,13 +729,11 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         }
       }
       sm90::wgmma_commit();
-      if (!kStatsStaged && it + 1 < tiles) store_stat(it + 1, next_stat);
       if (kDqLate) {
         // dQ = dS K is issued with dV and dK in flight: dK reads dS^T from shared memory,
         // so only P^T's 16 registers stay with them (with dS^T's 16 too, beside dQ's 64
         // and dK, dV's 128, ptxas serialized every product: C7512). dQ's wait covers them,
         // and only then is the stage released.
-        if (!kStatsStaged) sm90::named_barrier(kBarWg + wg, 128);  // its next lse / D
         if (it > 0 && (it & 1) == wg) {
           sm90::named_barrier(bar_ds(it - 1), 256);
           dq_tile(dq_h, dq_i0, sDs + uint32_t((it - 1) % kDsBuffers) * kDsBytes, st);

@@ -439,9 +439,8 @@ XLA_ATTN_HOST_DEVICE constexpr bool bwd_covers(int head_dim) {
 // the block's dS^T (kBwdKeys keys x bwd_rows rows, 16-bit, in column blocks of 64 rows:
 // one 128-byte row a key), the consumer warps' dQ chunks on their way to the accumulator
 // (a warp's 16 rows x bwd_dq_cols(d) columns of f32, in the accumulator's chunk layout),
-// two tiles' lse and D floats (d128: a warpgroup's own; d64: a stage's boxes,
-// bwd_stat_bytes), then the barriers. d128: 64 + 64 + 48 + 32 + 2 KB (211 KB); d64: 32 +
-// 64 + 64 + 32 + 2.5 KB.
+// each stage's lse and D boxes (bwd_stat_bytes), then the barriers. d128: 64 + 64 + 48 +
+// 32 + 1.5 KB (210.5 KB); d64: 32 + 64 + 64 + 32 + 2.5 KB.
 // d256: K and V (64 keys), kStages stages of Q and dO, P^T softcap' (f32, 64 keys x 64
 // rows) passed from the dV side to the dK side, one buffer of dS^T (the sides meet
 // twice a tile), the lse and D floats: 64 + 128 + 16 + 8 + 1 KB (dQ goes out by
@@ -486,7 +485,7 @@ XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_slot_bytes(int d) {
 }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_bytes(int d) {
   return bwd_stats_staged(d) ? kStages * 2 * bwd_stat_slot_bytes(d)
-                             : (bwd_dq_late(d) ? kConsumerWarpgroups : 1) * 2 * 2 * bwd_rows(d) * 4;
+                             : 2 * 2 * bwd_rows(d) * 4;  // d256: two tiles' lse and D rows
 }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
   return kAlign + 2 * bwd_kv_bytes(d) + 2 * kStages * bwd_rows_bytes(d) +
