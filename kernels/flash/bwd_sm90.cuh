@@ -411,7 +411,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     // races; it does the same on tools/racecheck_probe.py's 20-line kernel, and none once
     // the arrive is a bar.sync (docs/benchmarks.md section (44)): the tool does not credit
     // bar.arrive, which the PTX ISA orders as the producer side of such a hand-over.
-    constexpr int kBarAll = 1, kBarWgDs = 4;
+    constexpr int kBarAll = 1, kBarWgDs = 6;  // (ids 4 and 5 unused)
     auto bar_ds = [](int u) { return 2 + (u & 1); };
     // dQ = dS K for the tile of rows from i0_u of query head h_u, its dS^T at ds_u
     // (kDqCols / 2 f32 a thread: 64 rows of the tile from dq_row0 x kDqCols columns from
@@ -433,9 +433,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
       for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
         const uint32_t keys_at = uint32_t(16 * kk) * kRowBytes;
-        sm90::wgmma_ss<kDqCols, T, sm90::SsMajor::kMN, kDescLowWord>(dq, sm90::desc_plus(ds_desc, keys_at),
-                                                       sm90::desc_plus(kcol_desc, keys_at),
-                                                       kk > 0);
+        sm90::wgmma_ss<kDqCols, T, sm90::SsMajor::kMN, kDescLowWord>(
+            dq, sm90::desc_plus(ds_desc, keys_at), sm90::desc_plus(kcol_desc, keys_at), kk > 0);
       }
       sm90::wgmma_commit();
       if (!kDqLate) release_stage(st);
@@ -716,8 +715,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 #pragma unroll
         for (int kk = 0; kk < kSteps; ++kk) {
           const uint32_t at = uint32_t(kk) * 16u * kRowBytes;
-          sm90::wgmma_ss<D, T, sm90::SsMajor::kBN, kDescLowWord>(dk_flat, sm90::desc_plus(dsa_desc, 32u * kk),
-                                                sm90::desc_plus(rows_desc, at), true);
+          sm90::wgmma_ss<D, T, sm90::SsMajor::kBN, kDescLowWord>(
+              dk_flat, sm90::desc_plus(dsa_desc, 32u * kk), sm90::desc_plus(rows_desc, at), true);
         }
       } else {
 #pragma unroll
