@@ -175,7 +175,7 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, const BwdBlock& k,
       sm90::tma_load_3d(sdO + st * kRows + c * kRowsBlock, &a.dout_map, bars.full(st), 64 * c,
                         h, row);
     }
-    if (kStats) {  // [head][row] floats; the launcher checks that this fits in 32 bits
+    if constexpr (kStats) {  // [head][row] floats; the launcher checks that this fits in 32 bits
       const int at = (h * a.p.total_q + int(k.s.q_start) + i0) & -kBwdStatPad;
       const uint32_t stat = sStat + uint32_t(st) * 2u * kStatSlot;
       sm90::tma_load_1d(stat, &a.lse_map, bars.full(st), at);
@@ -316,9 +316,9 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   // that each dQ element is added once a block: with 64-row tiles (d128) one warpgroup a
   // tile takes all columns (N = 128), the warpgroups in turns and a tile late
   // (bwd_dq_late); with 128-row tiles (d64, bwd_rows) each warpgroup its 64 rows (wgmma's
-  // M) and all 64 columns. (At d64 each warpgroup once took all 64 columns over its own 64 keys, both
-  // adding into the same chunks: twice the reductions; on an H100, ncu, S = 8192: 3.2x
-  // the kernel's L2 reads, L2 73 % busy.)
+  // M) and all 64 columns. (At d64 each warpgroup once took all 64 columns over its own
+  // 64 keys, both adding into the same chunks: twice the reductions; on an H100, ncu,
+  // S = 8192: 3.2x the kernel's L2 reads, L2 73 % busy.)
   constexpr int kTileRows = bwd_rows(D);
   constexpr bool kDqByRows = kTileRows > 64, kDqLate = bwd_dq_late(D);
   static_assert(!kDqByRows || (D == 64 && kTileRows == 64 * kConsumerWarpgroups),
@@ -341,7 +341,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
   constexpr uint32_t kDsBytes = bwd_ds_bytes(D);          // a tile's dS^T
   constexpr uint32_t kDsBlock = kBwdKeys * kRowBytes;     // 64 of its rows (a column block)
   static_assert(kDsBytes == (kTileRows / 64) * kDsBlock, "dS^T: column blocks of 64 rows");
-  static_assert(2 * kTileRows <= 256, "the consumers load a tile's lse and D, one a thread");
+  static_assert(2 * kTileRows <= 256, "the consumers zero a tile's tail lse / D, one a thread");
   extern __shared__ __align__(128) unsigned char smem[];
 
   BwdBlock blk;
@@ -374,8 +374,8 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
 
   if (threadIdx.x < 128) {
     sm90::regs_release<kProducerRegs>();
-    bwd_produce<kColBlocks, kBwdKeys, kTileRows, true>(a, blk, bar, sK, sV, sQ, sdO,
-                                                               threadIdx.x, sStat);
+    bwd_produce<kColBlocks, kBwdKeys, kTileRows, true>(a, blk, bar, sK, sV, sQ, sdO, threadIdx.x,
+                                                       sStat);
   } else {
     sm90::regs_acquire<kConsumerRegs>();
     const int ct = threadIdx.x - 128;  // consumer thread 0 .. 255
@@ -741,7 +741,7 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
         dq_h = h;
         dq_i0 = i0;
       } else {
-        sm90::named_barrier(kBarAll, 256);  // both warpgroups' dS^T rows (and any next lse / D)
+        sm90::named_barrier(kBarAll, 256);  // both warpgroups' dS^T rows
         dq_tile(h, i0, ds_buf, st);
       }
     }
