@@ -9,9 +9,9 @@ the exponent field: the `poly_exp2` of docs/tries/2026-11-29-fwd-poly-exp2.patch
 
 One block of 1024 threads an SM, each thread 8 independent chains; a block's clock64 span
 around its loop gives the rate (median over the SMs). Needs a GPU of sm_90 and cupy
-(NVRTC compiles the kernel). Measured 2026-11-29 on an H200: 16.0 / 16.0 / 16.0 / 13.4
+(NVRTC compiles the kernel). Measured 2026-11-29 on an H200: 16.0 / 16.0 / 16.0 / 12.2
 exponentials an SM a clock, i.e. the packed forms are two MUFU passes (no gain) and the
-polynomial is bound by instruction issue (~9.5 instructions an exponential at 128 a
+polynomial is bound by instruction issue (~10.5 instructions an exponential at 128 a
 clock); docs/benchmarks.md, 2026-11-29 (47).
 """
 from __future__ import annotations
