@@ -95,3 +95,20 @@ def test_lines_needs_a_module_of_the_build(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ncu_ops.main([str(path), "--lines", "no_such_module"])
     assert "--lines: module must be one of" in capsys.readouterr().err
+
+
+def test_ops_report_sums_chosen_opcodes_by_line():
+    prof = ncu_ops.Profile(kernel="k", rows=[
+        ("LDS R1, [R2]", 400, 3), ("IMAD R4, R1, R5, RZ", 100, 1), ("LDS R6, [R2+0x8]", 250, 2),
+        ("FADD R7, R7, R8", 900, 1), ("LDS.128 R8, [R3]", 50, 0)])
+    lines = [(sass, path, line) for (sass, _, _), (path, line) in zip(prof.rows, [
+        ("walk.cuh", 10), ("walk.cuh", 10), ("walk.cuh", 12), ("vec.cuh", 5), ("walk.cuh", 10)])]
+    text = ncu_ops.ops_report(prof, lines, ["LDS", "IMAD"], top=3).splitlines()
+    assert text[0] == "k: the 3 (opcode, source line) pairs of LDS, IMAD by instructions executed"
+    # LDS at walk.cuh:10 is 400 + 50 (LDS.128 is LDS); FADD is not asked for
+    assert [t.split() for t in text[1:]] == [["LDS", "450", "walk.cuh:10"],
+                                             ["LDS", "250", "walk.cuh:12"],
+                                             ["IMAD", "100", "walk.cuh:10"]]
+    other = [(sass, "x.cuh", 1) for sass, _, _ in prof.rows[:-1]] + [("NOP", "x.cuh", 2)]
+    with pytest.raises(ValueError, match="not the profiled kernel's"):
+        ncu_ops.ops_report(prof, other, ["LDS"], top=3)

@@ -8,7 +8,7 @@ every element; our consumers' stalls on the mbarriers that say a K tile has land
       python3 tools/profile_op.py fwd --seqlen 512
   ncu -i rep.ncu-rep --page source --print-source sass --csv > rep.csv
   python3 tools/ncu_ops.py rep.csv [other.csv ...] [--top 28] [--waits 8]
-      [--lines MODULE [--ptx-arch 90a] [--sm 90a] [--top-lines 25]]
+      [--lines MODULE [--ptx-arch 90a] [--sm 90a] [--top-lines 25] [--ops LDS,IMAD]]
 
 Per file: the instructions executed and stall samples in all, then the --top opcodes
 (predicate and modifiers stripped: `@!P0 BRA` is BRA, `HGMMA.64x128x16.F32.BF16` HGMMA)
@@ -26,7 +26,9 @@ compiled here, without a GPU, as the build compiles it plus NVRTC's -lineinfo (w
 leaves the code as it was), and the profiled kernel's instructions are matched one to
 one with that build's, opcode by opcode; a mismatch is an error (other sources, other
 toolkit). Prints the --top-lines lines by stall samples and by integer / uniform
-instructions executed.
+instructions executed, and with --ops the (opcode, line) pairs executing the most of those
+opcodes (docs/benchmarks.md 2026-11-29 (47): the backward walk's extra LDS, its record's
+reads in the tile loop).
 """
 from __future__ import annotations
 
@@ -142,10 +144,10 @@ def report(prof: Profile, top: int, waits: int) -> str:
     return "\n".join(lines)
 
 
-def line_report(prof: Profile, lines: list[tuple[str, str, int]], top: int) -> str:
-    """Executed instructions and stall samples per source line: `lines` holds each
-    instruction of the same kernel built with line information (sass_report.source_lines),
-    in the profile's order."""
+def matched_opcodes(prof: Profile, lines: list[tuple[str, str, int]]) -> list[str]:
+    """The profiled kernel's opcodes, checked one to one against `lines` (each instruction
+    of the same kernel built with line information, sass_report.source_lines, in the
+    profile's order)."""
     ops = [opcode(x) for x, _, _ in prof.rows]
     built = [opcode(x) for x, _, _ in lines]
     if ops != built:
@@ -153,6 +155,30 @@ def line_report(prof: Profile, lines: list[tuple[str, str, int]], top: int) -> s
         raise ValueError(f"{prof.kernel}: the -lineinfo build's code is not the profiled "
                          f"kernel's ({differ} of {len(ops)} instructions differ, "
                          f"{len(built)} built): profile and build the same sources")
+    return ops
+
+
+def ops_report(prof: Profile, lines: list[tuple[str, str, int]], wanted: list[str],
+               top: int) -> str:
+    """The source lines that execute the most of the opcodes `wanted` (e.g. LDS, IMAD:
+    where a variant's extra instructions of a kind come from), per opcode and line."""
+    ops = matched_opcodes(prof, lines)
+    executed = collections.Counter()
+    for op, (_, ex, _), (_, path, line) in zip(ops, prof.rows, lines):
+        if op in wanted:
+            executed[(op, f"{path}:{line}")] += ex
+    out = [f"{prof.kernel}: the {top} (opcode, source line) pairs of {', '.join(wanted)} "
+           "by instructions executed"]
+    for (op, where), n in executed.most_common(top):
+        out.append(f"  {op:10s} {n:14,.0f}  {where}")
+    return "\n".join(out)
+
+
+def line_report(prof: Profile, lines: list[tuple[str, str, int]], top: int) -> str:
+    """Executed instructions and stall samples per source line: `lines` holds each
+    instruction of the same kernel built with line information (sass_report.source_lines),
+    in the profile's order."""
+    ops = matched_opcodes(prof, lines)
     executed, samples = collections.Counter(), collections.Counter()
     integer = collections.Counter()
     for op, (_, ex, st), (_, path, line) in zip(ops, prof.rows, lines):
@@ -184,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ptx-arch", default="90a", help="--lines: NVRTC virtual arch (default 90a)")
     p.add_argument("--sm", default="90a", help="--lines: ptxas real arch (default 90a)")
     p.add_argument("--top-lines", type=int, default=25, help="--lines: source lines shown")
+    p.add_argument("--ops", default="", help="--lines: also the lines executing the most of "
+                   "these opcodes, comma-separated (e.g. LDS,IMAD)")
     args = p.parse_args(argv)
+    if args.ops and not args.lines:
+        p.error("--ops needs --lines MODULE")
     if args.lines:
         sass_report.require_module(p, args.lines, "--lines: module")
     profiles = [read(path) for path in args.csv]
@@ -197,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             for prof in profiles:
                 lines = sass_report.disassemble_lines(cubin, prof.kernel)
                 print(line_report(prof, lines, args.top_lines))
+                if args.ops:
+                    print(ops_report(prof, lines, args.ops.split(","), args.top_lines))
     return 0
 
 
