@@ -183,7 +183,6 @@ def fake_ncu(tmp_path, log_rows: str) -> dict:
     return dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
 
 
-
 @pytest.mark.parametrize("argv, bounds", [
     (["--ncu"], (ab.NCU_BATCH_BOUND[0] + 3 * ab.NCU_BATCH_BOUND[1], ab.NCU_CONFIG_BOUND)),
     (["--ncu", "--wheel-timeout", "75"], (75.0, 75.0)),
@@ -200,6 +199,7 @@ def test_process_bounds(monkeypatch, argv, bounds):
     assert ab.main(["a", "--rounds", "1", "--configs", "bf16:64:512,bf16:128:512,bf16:128:1024",
                     *argv]) == 0
     assert seen == [bounds]
+
 
 def ncu_rows(kernels: list[str]) -> str:
     """ncu CSV rows: one launch of each kernel, in order, 1 ms each."""
