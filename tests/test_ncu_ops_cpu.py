@@ -112,3 +112,24 @@ def test_ops_report_sums_chosen_opcodes_by_line():
     other = [(sass, "x.cuh", 1) for sass, _, _ in prof.rows[:-1]] + [("NOP", "x.cuh", 2)]
     with pytest.raises(ValueError, match="not the profiled kernel's"):
         ncu_ops.ops_report(prof, other, ["LDS"], top=3)
+
+
+def test_per_report_puts_files_side_by_side(tmp_path, capsys):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(EXPORT)
+    # the same kernel with twice the FADDs and one MUFU line less
+    b.write_text(EXPORT.replace('"1,000"', '"2,000"').replace(
+        '"0x50","MUFU.EX2 R4, R4","2","1","2","4,096"\n', ""))
+    lines = ncu_ops.per_report([ncu_ops.read(str(a)), ncu_ops.read(str(b))], "MUFU",
+                               top=2).splitlines()
+    assert lines[0].startswith("instructions executed per MUFU: #1 kern_x, #2 kern_x")
+    assert lines[1].split() == ["opcode", "#1", "#2"]
+    # all: 13296 / 8192 and 10200 / 4096; then MUFU, BRA by their shares of each total
+    assert lines[2].split() == ["all", "1.62", "2.49"]
+    assert lines[3].split() == ["MUFU", "1.00", "1.00"]
+    assert lines[4].split() == ["BRA", "0.31", "0.63"]
+    with pytest.raises(ValueError, match="executed no LDS"):
+        ncu_ops.per_report([ncu_ops.read(str(a))], "LDS", top=2)
+    with pytest.raises(SystemExit):
+        ncu_ops.main([str(a), "--per", "LDS"])
+    assert "--per: kern_x executed no LDS" in capsys.readouterr().err

@@ -7,7 +7,7 @@ every element; our consumers' stalls on the mbarriers that say a K tile has land
   ncu --section SourceCounters --section WarpStateStats -k regex:NAME -c 1 -o rep \\
       python3 tools/profile_op.py fwd --seqlen 512
   ncu -i rep.ncu-rep --page source --print-source sass --csv > rep.csv
-  python3 tools/ncu_ops.py rep.csv [other.csv ...] [--top 28] [--waits 8]
+  python3 tools/ncu_ops.py rep.csv [other.csv ...] [--top 28] [--waits 8] [--per MUFU]
       [--lines MODULE [--ptx-arch 90a] [--sm 90a] [--top-lines 25] [--ops LDS,IMAD]]
 
 Per file: the instructions executed and stall samples in all, then the --top opcodes
@@ -19,6 +19,12 @@ which barrier the warps wait on. A wait's samples include those of the branch th
 retries it (`@!P0 BRA` right after `TRYWAIT P0, [...]`), where ptxas's loop puts most of
 them: the d256 forward's wait for its Q held 0.1 % on the try-wait and 11.6 % on that
 branch (docs/benchmarks.md, 2026-11-28 (38)).
+
+--per OPCODE: the files side by side, each opcode's instructions executed per executed
+OPCODE (the --top opcodes of all files together). With MUFU, one exponential a score:
+instructions a score, as docs/benchmarks.md 2026-11-29 (48) set our d128 S = 512 forward
+beside cuDNN's (its FMUL 2.19, FADD 1.97, FMNMX 1.02 a score against our FADD 1.03, FFMA
+1.01: cuDNN issues more softmax instructions, not fewer).
 
 --lines MODULE (one of kernels/dispatch/variants.py's, e.g. flash_fwd_sm90_walk, built
 from the sources that were profiled): the same sums per source line. The module is
@@ -144,6 +150,29 @@ def report(prof: Profile, top: int, waits: int) -> str:
     return "\n".join(lines)
 
 
+def per_report(profiles: list[Profile], per: str, top: int) -> str:
+    """The profiles side by side: each opcode's instructions executed per executed `per`
+    (the `top` opcodes by their sum over the profiles, shares of each file's total)."""
+    for prof in profiles:
+        if not prof.executed[per]:
+            raise ValueError(f"{prof.kernel or '(kernel)'} executed no {per}")
+    shares = collections.Counter()
+    for prof in profiles:
+        total = sum(prof.executed.values())
+        for op, n in prof.executed.items():
+            shares[op] += n / total
+    names = [f"#{i + 1}" for i in range(len(profiles))]
+    files = ", ".join(f"{name} {prof.kernel or '(kernel)'}" for name, prof in zip(names, profiles))
+    lines = [f"instructions executed per {per}: {files}",
+             f"  {'opcode':12s}" + "".join(f"{name:>9s}" for name in names)]
+    rows = [("all", {id(p): sum(p.executed.values()) for p in profiles})]
+    rows += [(op, {id(p): p.executed[op] for p in profiles}) for op, _ in shares.most_common(top)]
+    for op, counts in rows:
+        lines.append(f"  {op:12s}" + "".join(f"{counts[id(p)] / p.executed[per]:9.2f}"
+                                            for p in profiles))
+    return "\n".join(lines)
+
+
 def matched_opcodes(prof: Profile, lines: list[tuple[str, str, int]]) -> list[str]:
     """The profiled kernel's opcodes, checked one to one against `lines` (each instruction
     of the same kernel built with line information, sass_report.source_lines, in the
@@ -212,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-lines", type=int, default=25, help="--lines: source lines shown")
     p.add_argument("--ops", default="", help="--lines: also the lines executing the most of "
                    "these opcodes, comma-separated (e.g. LDS,IMAD)")
+    p.add_argument("--per", metavar="OPCODE", help="also the files side by side, each "
+                   "opcode's count per executed OPCODE (e.g. MUFU: per exponential)")
     args = p.parse_args(argv)
     if args.ops and not args.lines:
         p.error("--ops needs --lines MODULE")
@@ -220,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     profiles = [read(path) for path in args.csv]
     for prof in profiles:
         print(report(prof, args.top, args.waits))
+    if args.per:
+        try:
+            print(per_report(profiles, args.per, args.top))
+        except ValueError as e:
+            p.error(f"--per: {e}")
     if args.lines:
         with tempfile.TemporaryDirectory() as tmp:
             cubin = pathlib.Path(tmp, "m.cubin")
