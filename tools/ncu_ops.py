@@ -165,11 +165,11 @@ def per_report(profiles: list[Profile], per: str, top: int) -> str:
     files = ", ".join(f"{name} {prof.kernel or '(kernel)'}" for name, prof in zip(names, profiles))
     lines = [f"instructions executed per {per}: {files}",
              f"  {'opcode':12s}" + "".join(f"{name:>9s}" for name in names)]
-    rows = [("all", {id(p): sum(p.executed.values()) for p in profiles})]
-    rows += [(op, {id(p): p.executed[op] for p in profiles}) for op, _ in shares.most_common(top)]
+    rows = [("all", [sum(p.executed.values()) for p in profiles])]
+    rows += [(op, [p.executed[op] for p in profiles]) for op, _ in shares.most_common(top)]
     for op, counts in rows:
-        lines.append(f"  {op:12s}" + "".join(f"{counts[id(p)] / p.executed[per]:9.2f}"
-                                            for p in profiles))
+        lines.append(f"  {op:12s}" + "".join(f"{n / p.executed[per]:9.2f}"
+                                            for n, p in zip(counts, profiles)))
     return "\n".join(lines)
 
 
