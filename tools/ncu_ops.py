@@ -156,16 +156,16 @@ def per_report(profiles: list[Profile], per: str, top: int) -> str:
     for prof in profiles:
         if not prof.executed[per]:
             raise ValueError(f"{prof.kernel or '(kernel)'} executed no {per}")
+    totals = [sum(prof.executed.values()) for prof in profiles]
     shares = collections.Counter()
-    for prof in profiles:
-        total = sum(prof.executed.values())
+    for prof, total in zip(profiles, totals):
         for op, n in prof.executed.items():
             shares[op] += n / total
     names = [f"#{i + 1}" for i in range(len(profiles))]
     files = ", ".join(f"{name} {prof.kernel or '(kernel)'}" for name, prof in zip(names, profiles))
     lines = [f"instructions executed per {per}: {files}",
              f"  {'opcode':12s}" + "".join(f"{name:>9s}" for name in names)]
-    rows = [("all", [sum(p.executed.values()) for p in profiles])]
+    rows = [("all", totals)]
     rows += [(op, [p.executed[op] for p in profiles]) for op, _ in shares.most_common(top)]
     for op, counts in rows:
         lines.append(f"  {op:12s}" + "".join(f"{n / p.executed[per]:9.2f}"

@@ -176,7 +176,7 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, const BwdBlock& k,
                         h, row);
     }
     if constexpr (kStats) {  // [head][row] floats; the launcher checks that this fits in 32 bits
-      const int at = (h * a.p.total_q + int(k.s.q_start) + i0) & -kBwdStatPad;
+      const int at = bwd_stat_box_start(h * a.p.total_q + int(k.s.q_start) + i0);
       const uint32_t stat = sStat + uint32_t(st) * 2u * kStatSlot;
       sm90::tma_load_1d(stat, &a.lse_map, bars.full(st), at);
       sm90::tma_load_1d(stat + kStatSlot, &a.delta_map, bars.full(st), at);
@@ -387,11 +387,11 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
     float(&dv_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(dv);
     // A tile's lse and D rows, copied with its stage (lse as is; compute-sanitizer's
     // racecheck follows the tensor copy: 0 hazards, docs/benchmarks.md section (45)), the
-    // rows past i_hi zeroed here; `staged_stat` the tile's lse row 0, which sits (h
-    // total_q + q_start + i0) % kBwdStatPad floats into its box (i0 % 64 == 0).
+    // rows past i_hi zeroed here; `staged_stat` the tile's lse row 0 in its box
+    // (bwd_stat_row_in_box of h total_q + q_start + i0; i0 % 64 == 0 leaves it out).
     auto staged_stat = [&](int st, int h) {
       return sStat + uint32_t(st) * 2u * kStatSlot +
-             4u * uint32_t((h * p.total_q + int(s.q_start)) & (kBwdStatPad - 1));
+             4u * uint32_t(bwd_stat_row_in_box(h * p.total_q + int(s.q_start)));
     };
     // Once dV, dK (the products last committed before dQ's, if any) are done, S^T, dP^T,
     // dV and dK are done with stage st: each consumer warp arrives on its empty barrier.

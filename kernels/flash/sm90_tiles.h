@@ -480,6 +480,14 @@ constexpr int kBwdBarrierBytes = 8 * (1 + 2 * kStages);
 XLA_ATTN_HOST_DEVICE constexpr bool bwd_stats_staged(int d) { return d <= 128; }
 constexpr int kBwdStatPad = 4;
 XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_box(int d) { return bwd_rows(d) + kBwdStatPad; }
+// The staged box of the tile whose first row is float `row` of lse / D ([head][row]): the
+// float its copy starts at (bwd_produce), and how many floats into the box that row sits
+// (the consumers, which pass the row without the tile's i0: a multiple of 64, so the
+// same remainder).
+XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_box_start(int row) { return row & -kBwdStatPad; }
+XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_row_in_box(int row) {
+  return row & (kBwdStatPad - 1);
+}
 XLA_ATTN_HOST_DEVICE constexpr int bwd_stat_slot_bytes(int d) {
   return (bwd_stat_box(d) * 4 + 127) / 128 * 128;
 }
