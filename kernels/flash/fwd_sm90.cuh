@@ -692,6 +692,20 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   float sc[1][kNT][4];
   float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
   uint32_t pa[kPSteps][4];  // P of the previous tile, P V's A operand
+  // Tile j's V stage and phase (fp8: its V^T tile's) are (g0 + j) % kPvRing and
+  // parity(g0 + j, kPvRing). The 16-bit kernels carry them from tile to tile (v_stage,
+  // v_phase, advanced as each V tile is released: release_v) rather than dividing by the
+  // ring (3 stages: a division by 3) at each use; H200, kernel time at the base clock,
+  // against dividing: d128 S = 512 / 1024 / 8192 full +1.2 / +1.3 / +2.2 %, 512 causal
+  // +1.1 %, varlen +1.2 %, d64 512 causal +1.2 %, 2048 full -0.9 %. Not fp8, whose
+  // spills grew with it (d256 32 / 60 -> 40 / 88 bytes) and which ran 0.994-0.998
+  // (docs/benchmarks.md, 2026-11-29 (49)).
+  constexpr bool kCarryV = !kFp8;
+  static_assert(kFp8 ? kPvRing == kVtRing : kPvRing == kVRing, "the V stages P V reads");
+  int v_stage = g0 % kPvRing;
+  uint32_t v_phase = parity(g0, kPvRing);
+  auto v_stage_of = [&](int j) { return kCarryV ? v_stage : (g0 + j) % kPvRing; };
+  auto v_phase_of = [&](int j) { return kCarryV ? v_phase : parity(g0 + j, kPvRing); };
   // Consumer warp's release of stage st's K or V (after __syncwarp, every lane's reads
   // of the product that used it have completed). The walk makes the barrier's address
   // before the __syncwarp, one item a block after it: the same work, but the other
@@ -707,6 +721,17 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
     }
   };
 
+  // V stage st (v_stage_of(j)) released once P V_j has completed, and with kCarryV the
+  // next tile's stage and phase made
+  auto release_v = [&](int st) {
+    release(kEmptyV, st);
+    if constexpr (kCarryV) {
+      if (++v_stage == kPvRing) {
+        v_stage = 0;
+        v_phase ^= 1u;
+      }
+    }
+  };
   // S = Q K_j^T, issued once K_j has landed (issue_qk)
   auto issue_s = [&](int j) {
     const int st = (g0 + j) % kKRing;
@@ -719,10 +744,10 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   // meet, outside their turns (ping-pong) since both must get here. fp8: the producer
   // zeroes those keys of the V^T tile.
   auto zero_v_tail = [&](int j) {
-    const int st = (g0 + j) % kPvRing, n0 = n_lo + j * kBlockN;
+    const int st = v_stage_of(j), n0 = n_lo + j * kBlockN;
     if (!kFp8 && n0 + kBlockN > n_hi) {
       const uint32_t tV = sV + st * kKVBytes;
-      sm90::mbar_wait(bar(kFullV, st), parity(g0 + j, kVRing));
+      sm90::mbar_wait(bar(kFullV, st), v_phase_of(j));
       const int have = n_hi - n0;
       for (int c = tid; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
         if ((c / (kRowBytes / 16)) % kBlockN >= have) {
@@ -737,12 +762,12 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   };
   // Tile j's P V operand, V_j (fp8: its V^T tile), waited for; its shared address
   auto pv_tile = [&](int j) {
-    const int st = (g0 + j) % kPvRing;
+    const int st = v_stage_of(j);
     if constexpr (kFp8) {
-      sm90::mbar_wait(bar(kFullVt, st), parity(g0 + j, kVtRing));
+      sm90::mbar_wait(bar(kFullVt, st), v_phase_of(j));
       return sVt + st * kVtBytes;
     } else {
-      sm90::mbar_wait(bar(kFullV, st), parity(g0 + j, kVRing));
+      sm90::mbar_wait(bar(kFullV, st), v_phase_of(j));
       return sV + st * kKVBytes;
     }
   };
@@ -914,7 +939,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
         [&](int j) { softmax(j, box_present(j)); },
         [&](int j) { release(kEmptyK, (g0 + j) % kKRing); }, [&](int) { rescale_o(); to_p(); },
         [&](int j) { zero_v_tail(j); issue_pv(j); },
-        [&](int j) { release(kEmptyV, (g0 + j) % kPvRing); },
+        [&](int j) { release_v(v_stage_of(j)); },
         [&] {
           if constexpr (kRing) my_turn();
         },
@@ -955,7 +980,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
           [&](int j) { release(kEmptyK, (g0 + j) % kKRing); });
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(o_flat);
-      release(kEmptyV, (g0 + j - 1) % kPvRing);
+      release_v(v_stage_of(j - 1));
       rescale_o();
       to_p();
     }
@@ -966,7 +991,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       hand_over(/*last=*/true);
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(o_flat);
-      release(kEmptyV, (g0 + wg_tiles - 1) % kPvRing);
+      release_v(v_stage_of(wg_tiles - 1));
     }
   }
   if constexpr (kPassesTiles) {
@@ -984,16 +1009,16 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       // The walk makes both stage indices first: as with release, each kernel keeps its
       // order (the other changed ptxas's schedule of the fp8 kernels).
       if constexpr (kWalk) {
-        const int st = (g0 + j) % kKRing, sv = (g0 + j) % kPvRing;
+        const int st = (g0 + j) % kKRing, sv = (g0 + j) % kPvRing;  // sv: fp8's order
         sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
         release(kEmptyK, st);
         pv_tile(j);
-        release(kEmptyV, sv);
+        release_v(kCarryV ? v_stage : sv);
       } else {
         sm90::mbar_wait(bar(kFullK, (g0 + j) % kKRing), parity(g0 + j, kKRing));
         release(kEmptyK, (g0 + j) % kKRing);
         pv_tile(j);
-        release(kEmptyV, (g0 + j) % kPvRing);
+        release_v(v_stage_of(j));
       }
     }
   }
