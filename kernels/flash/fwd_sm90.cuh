@@ -1009,7 +1009,9 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       // The walk makes both stage indices first: as with release, each kernel keeps its
       // order (the other changed ptxas's schedule of the fp8 kernels).
       if constexpr (kWalk) {
-        const int st = (g0 + j) % kKRing, sv = (g0 + j) % kPvRing;  // sv: fp8's order
+        // sv: fp8's V stage, made here as its kernel had it (the 16-bit kernels release
+        // their carried stage, which kCarryV leaves sv unused for)
+        const int st = (g0 + j) % kKRing, sv = (g0 + j) % kPvRing;
         sm90::mbar_wait(bar(kFullK, st), parity(g0 + j, kKRing));
         release(kEmptyK, st);
         pv_tile(j);
