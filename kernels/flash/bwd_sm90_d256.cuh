@@ -12,8 +12,9 @@
 // - warpgroup 2 (the dK side): dP^T = V dO^T, then dS^T = (P^T softcap') (dP^T - D),
 //   16-bit to shared memory; dK += dS^T Q (dS^T from registers);
 // - both: dQ = dS K over the block's 64 keys, 128 columns each (columns 0-127 on the dV
-//   side), added into the f32 accumulator by red.global.add.v4 (no shared memory is
-//   left for bulk reductions' staging: 64 KB at d256).
+//   side), added into the f32 accumulator by bulk reductions, staged in the tile's Q
+//   (dK side) or dO (dV side) once this warpgroup's products are done with it (no
+//   shared memory is left for staging of its own: 64 KB at d256).
 // Each warpgroup issues 2.5 of the tile's 5 products (64 x 64 x 256 each); the dK side
 // waits for P^T once a tile, the dV side for dS^T once a tile.
 #pragma once
@@ -34,6 +35,11 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
   constexpr uint32_t kRowsBlock = kBwdRows * kRowBytes;  // a column block of Q or dO
   constexpr uint32_t kKV = kColBlocks * kKVBlock, kRows = kColBlocks * kRowsBlock;
   constexpr uint32_t kStatBytes = 2 * kBwdRows * 4;  // a tile's lse and D floats
+  // dQ's 32-column accumulator chunks a consumer warp adds a tile (its warpgroup's 128
+  // columns), staged in an 8 KB slice of a Q or dO tile
+  constexpr int kDqChunks = D / 2 / sm80::kAccChunkCols;
+  constexpr uint32_t kDqSliceBytes = uint32_t(kDqChunks * sm80::kAccChunk * 4);
+  static_assert(4 * kDqSliceBytes == kRows, "four warps' dQ slices fill a Q or dO tile");
   extern __shared__ __align__(128) unsigned char smem[];
 
   BwdBlock blk;
@@ -120,6 +126,13 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
           sp_flat, sm90::desc_plus(kv_desc, at), sm90::desc_plus(rows_desc, rows_at), kk > 0);
     }
     sm90::wgmma_commit();
+    // The previous tile's stage back to the producer, once its dQ reduction has read
+    // the warp's slice of it (below), behind this tile's first product.
+    if (it > 0) {
+      if (lane == 0) sm90::bulk_wait<0, /*kRead=*/true>();
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(bar.empty((it - 1) % kStages));
+    }
     BwdTileCursor next = tile;  // the next tile's lse / D row, while the product runs
     next.advance(blk.per_head, blk.group);
     const float next_stat = it + 1 < blk.tiles && wt < kBwdRows ? load_stat(next) : 0.f;
@@ -238,28 +251,48 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
     sm90::wgmma_wait<0>();
     sm90::wgmma_hold(dq[0]);
     sm90::wgmma_hold(dq[1]);
-    __syncwarp();  // the products are done with the stage
-    if (lane == 0) sm90::mbar_arrive(bar.empty(st));
     // Rows 16 warp + g (+ 8) of the tile into the accumulator's chunks 4 wg + 2 cb + u
     // (32 columns each; chunks past hd do not exist). A row chunk wholly past the
-    // block's rows adds nothing (it may be the next sequence's).
+    // block's rows adds nothing (it may be the next sequence's). The warp's four chunks
+    // go through an 8 KB slice of the stage's tile that only its own warpgroup can
+    // still be reading (the dV side: dO, which its dV product read; the dK side: Q, its
+    // dK product's; the other side's reads of each ended before the dS^T barrier), in
+    // the accumulator's layout (sm80::acc_offset), and one bulk reduction adds them; the
+    // stage goes back to the producer in the next tile, behind its first product, once
+    // that has read the slice. With a red.global.add.v4 per 4 floats (before), the next
+    // tile waited for the reds to release their address registers: 25 % of the kernel's
+    // stall samples (H200, S = 4096 full). H200, kernel time at the base clock, fwd+bwd
+    // against the reds: S = 1024 full / causal +8.0 / +3.6 %, 4096 full +11.0 %, 8192
+    // causal +10.8 %; with the read waited for here, at the tile's end, -10..-13 %
+    // (docs/benchmarks.md 2026-11-29 (51)).
     if (i_hi - i0 > 16 * warp) {
-      float* const acc = bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
-                         sm80::acc_offset(0, 0, lane);
-      const int chunks = sm80::bwd_acc_col_chunks(hd);
+      const uint32_t slice = (dv_side ? tdO : tQ) + uint32_t(warp) * kDqSliceBytes;
+      // the lane's first float; the rest are constants past it (acc_offset is linear)
+      const uint32_t lane_at = slice + 4u * uint32_t(sm80::acc_offset(0, 0, lane));
 #pragma unroll
-      for (int cb = 0; cb < 2; ++cb) {
+      for (int c = 0; c < kDqChunks; ++c) {
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int chunk = 4 * wg + 2 * cb + u;
-          if (chunk < chunks) {
-            sm80::dq_chunk_add(acc + chunk * sm80::kAccChunk,
-                               reinterpret_cast<const float(&)[4][4]>(dq[cb][16 * u]));
-          }
+        for (int j = 0; j < 4; ++j) {
+          const float* q = &dq[c / 2][16 * (c % 2) + 4 * j];
+          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(
+                           lane_at + 4u * uint32_t(c * sm80::kAccChunk + sm80::acc_offset(j, 0, 0))),
+                       "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3])
+                       : "memory");
         }
+      }
+      sm90::fence_proxy_async_shared();
+      __syncwarp();
+      const int chunks = min(kDqChunks, sm80::bwd_acc_col_chunks(hd) - kDqChunks * wg);
+      if (lane == 0 && chunks > 0) {
+        float* const acc = bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
+                           kDqChunks * wg * sm80::kAccChunk;
+        sm90::bulk_reduce_add_f32(acc, slice, uint32_t(chunks) * sm80::kAccChunk * 4u);
+        sm90::bulk_commit();
       }
     }
   }
+  // the last reduction has read its slice before the block may end
+  if (lane == 0) sm90::bulk_wait<0, /*kRead=*/true>();
 
   // dV (dV side) or dK (times the softmax scale) of the warp's 16 keys, staged in the
   // warp's own rows of sV / sK. The dV side's last dQ = dS K reads sK: both meet first.

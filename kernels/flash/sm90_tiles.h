@@ -443,8 +443,9 @@ XLA_ATTN_HOST_DEVICE constexpr bool bwd_covers(int head_dim) {
 // 32 + 1.5 KB (210.5 KB); d64: 32 + 64 + 64 + 32 + 2.5 KB.
 // d256: K and V (64 keys), kStages stages of Q and dO, P^T softcap' (f32, 64 keys x 64
 // rows) passed from the dV side to the dK side, one buffer of dS^T (the sides meet
-// twice a tile), the lse and D floats: 64 + 128 + 16 + 8 + 1 KB (dQ goes out by
-// red.global.add: the staging would need 64 KB more).
+// twice a tile), the lse and D floats: 64 + 128 + 16 + 8 + 1 KB (dQ goes out by bulk
+// reductions staged in the tile's Q and dO once their products are done: a buffer of its
+// own would need 64 KB more).
 XLA_ATTN_HOST_DEVICE constexpr int bwd_kv_bytes(int d) { return bwd_keys(d) * 2 * d; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_rows_bytes(int d) { return bwd_rows(d) * 2 * d; }
 XLA_ATTN_HOST_DEVICE constexpr int bwd_ds_bytes(int d) { return kBwdKeys * bwd_rows(d) * 2; }
