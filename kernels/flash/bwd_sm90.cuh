@@ -304,6 +304,42 @@ __device__ __forceinline__ uint32_t ds_lane_of(uint32_t tile, int key_w, int lan
   }
 }
 
+// A consumer warp's 16 rows of dQ, kChunks 32-column chunks of the accumulator (chunk u's
+// n8 tile j, a lane's 4 floats, at dq[16 u + 4 j]), into the accumulator: staged in the
+// warp's shared-memory `slice` in the accumulator's layout (sm80::acc_offset: n8 tile j at
+// j * 128 + 4 lane), then added by one bulk reduction of the first `chunks` chunks (at
+// least one), issued by lane 0 at acc() (the first of them). The caller makes sure the
+// slice is free (the warp's last reduction has read it). With one red.global.add.v4 per
+// 4 floats, the next tile waited for the reds to release their registers: 17 % of the
+// d128 kernel's stall samples (H100, S = 4096), 25 % of the d256 kernel's (H200, S = 4096;
+// docs/benchmarks.md 2026-11-29 (51)).
+// kTestChunks: lane 0 also tests that `chunks` is positive, which never fails, as the
+// d256 kernel did when it was measured (without the test ptxas scheduled that whole
+// kernel anew; with it, the d64 / d128 kernel's).
+template <int kChunks, bool kTestChunks = false, typename Acc>
+__device__ __forceinline__ void dq_rows_bulk_add(const float (&dq)[16 * kChunks], uint32_t slice,
+                                                 int lane, int chunks, Acc&& acc) {
+  // the lane's first float; the rest are constants past it (acc_offset is linear)
+  const uint32_t lane_at = slice + 4u * uint32_t(sm80::acc_offset(0, 0, lane));
+#pragma unroll
+  for (int u = 0; u < kChunks; ++u) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float* q = &dq[16 * u + 4 * j];
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(
+                       lane_at + 4u * uint32_t(u * sm80::kAccChunk + sm80::acc_offset(j, 0, 0))),
+                   "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3])
+                   : "memory");
+    }
+  }
+  sm90::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0 && (!kTestChunks || chunks > 0)) {
+    sm90::bulk_reduce_add_f32(acc(), slice, uint32_t(chunks) * sm80::kAccChunk * 4u);
+    sm90::bulk_commit();
+  }
+}
+
 }  // namespace flash_sm90
 
 template <typename T, int D>
@@ -445,34 +481,14 @@ __device__ void flash_bwd_dkdv_sm90(const flash_sm90::BwdArgs& a) {
       if (lane == 0) sm90::bulk_wait<0, true>();
       __syncwarp();
       if (i_hi - i0_u > dq_row0 + 16 * warp) {
-        // The warp's chunks go through its slice of sDq in the accumulator's layout
-        // (sm80::acc_offset: a lane's 4 floats of n8 tile j at j * 128 + 4 lane) and one
-        // bulk reduction adds them. With one red.global.add.v4 per 4 floats (before),
-        // the next tile waited for the reds to release their 32 source registers: 17 %
-        // of the consumers' stall samples on an H100 (d128, S = 4096).
+        // The warp's chunks through its slice of sDq (dq_rows_bulk_add).
         const int chunks = min(kDqChunks, sm80::bwd_acc_col_chunks(hd) - dq_col0 / 32);
         const uint32_t slice =
             sDq + uint32_t(kDqLate ? warp : ct / 32) * uint32_t(bwd_dq_warp_bytes(D));
-#pragma unroll
-        for (int u = 0; u < kDqChunks; ++u) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float* q = &dq[16 * u + 4 * j];
-            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(
-                             slice + 4u * uint32_t(u * sm80::kAccChunk + sm80::acc_offset(j, 0, lane))),
-                         "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3])
-                         : "memory");
-          }
-        }
-        sm90::fence_proxy_async_shared();
-        __syncwarp();
-        if (lane == 0) {
-          float* const acc =
-              bwd_dq_accum_rows(p, h_u, s, b, (i0_u + dq_row0) / sm80::kAccChunkRows + warp) +
-              dq_col0 / 32 * sm80::kAccChunk;
-          sm90::bulk_reduce_add_f32(acc, slice, uint32_t(chunks) * sm80::kAccChunk * 4u);
-          sm90::bulk_commit();
-        }
+        dq_rows_bulk_add<kDqChunks>(dq, slice, lane, chunks, [&] {
+          return bwd_dq_accum_rows(p, h_u, s, b, (i0_u + dq_row0) / sm80::kAccChunkRows + warp) +
+                 dq_col0 / 32 * sm80::kAccChunk;
+        });
       }
     };
     // dQ late: tile u's dS^T is stored, this warpgroup's dQ of tile u - 1 done with dS^T

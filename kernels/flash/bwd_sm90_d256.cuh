@@ -257,38 +257,21 @@ __device__ void flash_bwd_dkdv_sm90_d256(const flash_sm90::BwdArgs& a) {
     // go through an 8 KB slice of the stage's tile that only its own warpgroup can
     // still be reading (the dV side: dO, which its dV product read; the dK side: Q, its
     // dK product's; the other side's reads of each ended before the dS^T barrier), in
-    // the accumulator's layout (sm80::acc_offset), and one bulk reduction adds them; the
+    // the accumulator's layout, and one bulk reduction adds them (dq_rows_bulk_add); the
     // stage goes back to the producer in the next tile, behind its first product, once
-    // that has read the slice. With a red.global.add.v4 per 4 floats (before), the next
-    // tile waited for the reds to release their address registers: 25 % of the kernel's
-    // stall samples (H200, S = 4096 full). H200, kernel time at the base clock, fwd+bwd
+    // that has read the slice. H200, kernel time at the base clock, fwd+bwd
     // against the reds: S = 1024 full / causal +8.0 / +3.6 %, 4096 full +11.0 %, 8192
     // causal +10.8 %; with the read waited for here, at the tile's end, -10..-13 %
     // (docs/benchmarks.md 2026-11-29 (51)).
     if (i_hi - i0 > 16 * warp) {
-      const uint32_t slice = (dv_side ? tdO : tQ) + uint32_t(warp) * kDqSliceBytes;
-      // the lane's first float; the rest are constants past it (acc_offset is linear)
-      const uint32_t lane_at = slice + 4u * uint32_t(sm80::acc_offset(0, 0, lane));
-#pragma unroll
-      for (int c = 0; c < kDqChunks; ++c) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float* q = &dq[c / 2][16 * (c % 2) + 4 * j];
-          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(
-                           lane_at + 4u * uint32_t(c * sm80::kAccChunk + sm80::acc_offset(j, 0, 0))),
-                       "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3])
-                       : "memory");
-        }
-      }
-      sm90::fence_proxy_async_shared();
-      __syncwarp();
+      // (at least one: head dims 129-256 take 5-8 chunks)
       const int chunks = min(kDqChunks, sm80::bwd_acc_col_chunks(hd) - kDqChunks * wg);
-      if (lane == 0 && chunks > 0) {
-        float* const acc = bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
-                           kDqChunks * wg * sm80::kAccChunk;
-        sm90::bulk_reduce_add_f32(acc, slice, uint32_t(chunks) * sm80::kAccChunk * 4u);
-        sm90::bulk_commit();
-      }
+      dq_rows_bulk_add<kDqChunks, /*kTestChunks=*/true>(
+          reinterpret_cast<const float(&)[16 * kDqChunks]>(dq),
+          (dv_side ? tdO : tQ) + uint32_t(warp) * kDqSliceBytes, lane, chunks, [&] {
+            return bwd_dq_accum_rows(p, h, s, b, i0 / sm80::kAccChunkRows + warp) +
+                   kDqChunks * wg * sm80::kAccChunk;
+          });
     }
   }
   // the last reduction has read its slice before the block may end
