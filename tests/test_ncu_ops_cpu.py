@@ -133,3 +133,20 @@ def test_per_report_puts_files_side_by_side(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ncu_ops.main([str(a), "--per", "LDS"])
     assert "--per: kern_x executed no LDS" in capsys.readouterr().err
+
+
+def test_by_count_groups(tmp_path):
+    """--by-count: instructions that ran equally often form a group (the two MUFU, 4,096
+    times each; the try-wait and its retry branch, 512 each), ordered by stall samples."""
+    path = tmp_path / "rep.csv"
+    path.write_text(EXPORT)
+    lines = ncu_ops.count_report(ncu_ops.read(str(path)), top=3).splitlines()
+    assert lines[0].startswith("kern_x: instructions by times executed, the 3 groups")
+    # 512: 60 + 40 of 147 samples, 2 x 512 of 13,296 executed; then 2,048 (30); then
+    # 8 (7 samples) ahead of 1,024 and 4,096 (5 each)
+    assert lines[1].split() == ["512", "times:", "2", "instructions", "(#2..#3)", "stalls",
+                                "68.0", "%", "executed", "7.7", "%"]
+    assert lines[2].split()[:5] == ["2,048", "times:", "1", "instructions", "(#1..#1)"]
+    assert lines[3].split()[:5] == ["8", "times:", "1", "instructions", "(#7..#7)"]
+    assert len(lines) == 4
+    assert "--by-count" in ncu_ops.__doc__

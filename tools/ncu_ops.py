@@ -8,6 +8,7 @@ every element; our consumers' stalls on the mbarriers that say a K tile has land
       python3 tools/profile_op.py fwd --seqlen 512
   ncu -i rep.ncu-rep --page source --print-source sass --csv > rep.csv
   python3 tools/ncu_ops.py rep.csv [other.csv ...] [--top 28] [--waits 8] [--per MUFU]
+      [--by-count 8]
       [--lines MODULE [--ptx-arch 90a] [--sm 90a] [--top-lines 25] [--ops LDS,IMAD]]
 
 Per file: the instructions executed and stall samples in all, then the --top opcodes
@@ -19,6 +20,10 @@ which barrier the warps wait on. A wait's samples include those of the branch th
 retries it (`@!P0 BRA` right after `TRYWAIT P0, [...]`), where ptxas's loop puts most of
 them: the d256 forward's wait for its Q held 0.1 % on the try-wait and 11.6 % on that
 branch (docs/benchmarks.md, 2026-11-28 (38)).
+
+--by-count N: the instructions grouped by how many times each ran (a tile loop's code
+shares one count, an item's another), the N groups with the most stall samples: where a
+kernel's time goes beside its tile loop (docs/benchmarks.md 2026-11-29 (51)).
 
 --per OPCODE: the files side by side, each opcode's instructions executed per executed
 OPCODE (the --top opcodes of all files together). With MUFU, one exponential a score:
@@ -173,6 +178,30 @@ def per_report(profiles: list[Profile], per: str, top: int) -> str:
     return "\n".join(lines)
 
 
+def count_report(prof: Profile, top: int) -> str:
+    """The instructions grouped by how many times each ran (Instructions Executed): code
+    run once a tile, once an item or once a block shares a count, so the groups split the
+    stall samples between a kernel's tile loop and what runs around it. Per group, the
+    `top` groups by stall samples: the count, its instructions (first and last in address
+    order), their share of the stall samples and of the instructions executed
+    (docs/benchmarks.md 2026-11-29 (51): at d128 S = 512, cuDNN's forward spends 13 % of
+    its samples in code run once an item, ours 31 %)."""
+    groups: dict[float, list[int]] = collections.defaultdict(list)
+    for i, (_, executed, _) in enumerate(prof.rows):
+        groups[executed].append(i)
+    total_ex = sum(ex for _, ex, _ in prof.rows)
+    total_st = sum(st for _, _, st in prof.rows)
+    samples = {n: sum(prof.rows[i][2] for i in at) for n, at in groups.items()}
+    out = [f"{prof.kernel or '(kernel)'}: instructions by times executed, the {top} groups "
+           "with the most stall samples"]
+    for n in sorted(groups, key=lambda n: (-samples[n], -n))[:top]:
+        at = groups[n]
+        out.append(f"  {n:12,.0f} times: {len(at):5d} instructions (#{at[0]}..#{at[-1]})  "
+                   f"stalls {100 * samples[n] / max(total_st, 1):5.1f} %  "
+                   f"executed {100 * n * len(at) / max(total_ex, 1):5.1f} %")
+    return "\n".join(out)
+
+
 def matched_opcodes(prof: Profile, lines: list[tuple[str, str, int]]) -> list[str]:
     """The profiled kernel's opcodes, checked one to one against `lines` (each instruction
     of the same kernel built with line information, sass_report.source_lines, in the
@@ -241,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-lines", type=int, default=25, help="--lines: source lines shown")
     p.add_argument("--ops", default="", help="--lines: also the lines executing the most of "
                    "these opcodes, comma-separated (e.g. LDS,IMAD)")
+    p.add_argument("--by-count", type=int, metavar="N", default=0, help="also the N groups "
+                   "of instructions that ran the same number of times (a tile loop, an item's "
+                   "code) with the most stall samples")
     p.add_argument("--per", metavar="OPCODE", help="also the files side by side, each "
                    "opcode's count per executed OPCODE (e.g. MUFU: per exponential)")
     args = p.parse_args(argv)
@@ -251,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     profiles = [read(path) for path in args.csv]
     for prof in profiles:
         print(report(prof, args.top, args.waits))
+        if args.by_count:
+            print(count_report(prof, args.by_count))
     if args.per:
         try:
             print(per_report(profiles, args.per, args.top))
