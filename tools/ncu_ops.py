@@ -189,8 +189,7 @@ def count_report(prof: Profile, top: int) -> str:
     groups: dict[float, list[int]] = collections.defaultdict(list)
     for i, (_, executed, _) in enumerate(prof.rows):
         groups[executed].append(i)
-    total_ex = sum(ex for _, ex, _ in prof.rows)
-    total_st = sum(st for _, _, st in prof.rows)
+    total_ex, total_st = sum(prof.executed.values()), sum(prof.stalls.values())
     samples = {n: sum(prof.rows[i][2] for i in at) for n, at in groups.items()}
     out = [f"{prof.kernel or '(kernel)'}: instructions by times executed, the {top} groups "
            "with the most stall samples"]
