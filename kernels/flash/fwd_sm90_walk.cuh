@@ -3,8 +3,8 @@
 // (row block, head, sequence) items (sm90_tiles.h, Args) as it finishes one. The producer
 // claims the next item from a counter in the workspace and hands it to the other warps
 // with its Q (two or three Q buffers: sm90_tiles.h, q_buffers), so that the next item's Q
-// and first K / V tiles are copied during the current item's last tiles and epilogue
-// instead of after the block's start; each item is then computed as in flash_fwd_sm90.
+// and first K / V tiles are copied during the current item's tiles and epilogue instead
+// of after the block's start; each item is then computed as in flash_fwd_sm90.
 //
 // Its own kernel rather than a flag of flash_fwd_sm90: built from one source, the one
 // block an item instances ran 3-6 % slower at d128 and d256 (H100, the same run; ptxas
@@ -178,10 +178,10 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         }
         Tiles::copy_q(a, sm, qb, q_full(qb), blk.h, blk.s.q_start + blk.m0);
       };
-      // Item blk's K / V tiles, its first the walk's g-th; returns how many.
-      auto copy_tiles = [&](const FwdBlock& blk, int g) {
+      // Item blk's K / V tiles j0 .. j1 - 1 (at most its tiles), its first the walk's g-th.
+      auto copy_tiles = [&](const FwdBlock& blk, int g, int j0, int j1) {
         const KeyTiles kt = key_tiles(blk);
-        for (int j = 0; j < kt.tiles; ++j) {
+        for (int j = j0; j < min(j1, kt.tiles); ++j) {
           const int n0 = kt.n_lo + j * kBlockN;
           Tiles::template copy_kv<paged, /*kWalk=*/true>(
               a, keys, g + j, [&] { return n0; }, blk, sm, bar, parity);
@@ -199,31 +199,36 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         if constexpr (paged) next = __shfl_sync(0xffffffffu, next, 0);
         return next;
       };
-      FwdBlock blk;
       int g = 0;  // tiles so far
-      for (int qi = 0, item = blockIdx.x;; ++qi) {
-        bool work = false;
-        while (item < a.items && !(work = locate(item, blk, 0, 0)) && !is_padding(item)) {
+      int item = blockIdx.x;
+      bool work = false, over = false;
+      // Item qi (from `item`, past those without rows but the padding rows' items),
+      // located straight into its record (read only where it has rows) and its Q copied
+      // into buffer qi % kQBufs once that buffer's item has been written out (or handed
+      // over without a copy: no rows, or kWalkOver past the last item).
+      auto hand_out = [&](int qi) {
+        FwdBlock& rec = records[qi % kRecords];
+        work = false;
+        while (item < a.items && !(work = locate(item, rec, 0, 0)) && !is_padding(item)) {
           item = claim(item);
         }
-        const bool over = item >= a.items;
+        over = item >= a.items;
         const int qb = qi % kQBufs;
         if (work) {  // published by q_full's arrival (a release)
-          records[qi % kRecords] = blk;
           if constexpr (kPassesTiles) {
             // warpgroup_tiles (fwd_sm90.cuh) from the item's key range: a warpgroup's
             // last key is its last row's (the block's first key is its first row's);
             // a count past the tiles its rows see is safe (they are masked). In the
             // copying thread's registers (fp8: 32) warpgroup_tiles itself spilled 44
             // bytes more.
-            const KeyTiles kt = key_tiles(blk);
-            const int rows = blk.s.num_q - blk.m0;
+            const KeyTiles kt = key_tiles(rec);
+            const int rows = rec.s.num_q - rec.m0;
 #pragma unroll
             for (int w = 0; w < kWgs; ++w) {
-              int hi = blk.win.right < 0 ? kt.n_hi
+              int hi = rec.win.right < 0 ? kt.n_hi
                                           : int(min(int64_t(kt.n_hi),
-                                                    int64_t(blk.m0) + min(rows, 64 * w + 64) +
-                                                        blk.s.offset + blk.win.right));
+                                                    int64_t(rec.m0) + min(rows, 64 * w + 64) +
+                                                        rec.s.offset + rec.win.right));
               hi = rows > 64 * w ? hi : kt.n_lo;
               wg_tiles_of(qi)[w] = hi <= kt.n_lo ? 0 : (hi - kt.n_lo + kBlockN - 1) / kBlockN;
             }
@@ -232,12 +237,26 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         if (threadIdx.x == 0) {
           if (qi >= kQBufs)
             sm90::mbar_wait</*kParked=*/true>(q_empty(qb), parity(qi - kQBufs, kQBufs));
-          copy_q(blk, qb, work, over ? kWalkOver : handed_over(item, work));
+          copy_q(rec, qb, work, over ? kWalkOver : handed_over(item, work));
         }
-        if (over) break;
-        const int next = claim(item);  // in flight while this item's tiles are copied
-        if (work) g += copy_tiles(blk, g);
-        item = next;
+      };
+      // Item qi + 1 is handed out after item qi's first kEarlyQTiles K / V tiles rather
+      // than after its last, and its tiles after item qi's last: its Q is copied (once
+      // its buffer is free) while item qi runs, however many tiles item qi has. Against
+      // the hand-out after the last tile (H200, kernel time at the base clock, two runs):
+      // d128 +1.0..+2.3 %, the varlen row (d128 causal) +4.2..+4.6 %, d64 full 1024 +1.1 %,
+      // fp8 d128 +0.5 %; the d64 ping-pong walk (causal S <= 512 alone: wide_d64) lost
+      // 0.8..1.3 % at causal S = 512 and keeps the late hand-out.
+      constexpr int kEarlyQTiles = D == 64 && !kPassesTiles ? 1 << 30 : 2;
+      hand_out(0);
+      for (int qi = 0; !over; ++qi) {
+        const bool cur_work = work;
+        FwdBlock blk;
+        if (cur_work) blk = records[qi % kRecords];
+        item = claim(item);  // in flight while this item's first tiles are copied
+        if (cur_work) copy_tiles(blk, g, 0, kEarlyQTiles);
+        hand_out(qi + 1);
+        if (cur_work) g += copy_tiles(blk, g, kEarlyQTiles, 1 << 30);
       }
     } else if (kFp8 && threadIdx.x >= 32) {
       // fp8: warps 1 .. 3 transpose (warp 0's copying thread stays free to run ahead:
