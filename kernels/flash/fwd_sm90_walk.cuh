@@ -244,9 +244,12 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       // than after its last, and its tiles after item qi's last: its Q is copied (once
       // its buffer is free) while item qi runs, however many tiles item qi has. Against
       // the hand-out after the last tile (H200, kernel time at the base clock, two runs):
-      // d128 +1.0..+2.3 %, the varlen row (d128 causal) +4.2..+4.6 %, d64 full 1024 +1.1 %,
-      // fp8 d128 +0.5 %; the d64 ping-pong walk (causal S <= 512 alone: wide_d64) lost
-      // 0.8..1.3 % at causal S = 512 and keeps the late hand-out.
+      // d128 +1.0..+2.3 % (causal S = 512 -0.5..+0.3 %), the varlen row (d128 causal)
+      // +4.2..+4.6 %, d64 full 1024 +1.1 %, fp8 d128 +0.5 %. The d64 ping-pong walk
+      // (causal S <= 512 alone: wide_d64) lost 0.7..1.3 % at causal S = 512 (three runs)
+      // and keeps the late hand-out. After the first tile instead of two: d128 full S =
+      // 512 / 1024 -2.6 / -1.8 %; after three: -0.4 % / 0.0, the varlen row -1.3 %
+      // (docs/benchmarks.md 2026-11-29 (52)).
       constexpr int kEarlyQTiles = D == 64 && !kPassesTiles ? 1 << 30 : 2;
       hand_out(0);
       for (int qi = 0; !over; ++qi) {

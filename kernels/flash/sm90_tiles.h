@@ -25,7 +25,9 @@ constexpr int kBlockM = block_m(kConsumerWarpgroups);
 // (fwd_sm90.cuh, warpgroup_tiles; 2026-11-26, H100, same run, 3 rounds): causal S = 1024
 // on three 275-284 against two 267-272, S = 512 187-192 against 191-195. So: three
 // unless the mask has a right edge (causal is a window with right = 0) and the longest
-// sequence has at most 512 queries.
+// sequence has at most 512 queries. Still so with both walks as they are now (H200,
+// kernel time at the base clock, two rounds): two at causal S = 1024 ran 0.945x three
+// (docs/benchmarks.md 2026-11-29 (52)).
 constexpr int kWideMaxMaskedRows = 512;
 XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q) {
   return window_right < 0 || max_seqlen_q > kWideMaxMaskedRows;
