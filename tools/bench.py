@@ -60,6 +60,8 @@ import sys
 import time
 import warnings
 
+import gpu_state  # beside this file (tools/)
+
 KINDS = ("dense", "varlen", "decode", "cache")
 KIND_ALIASES = {"cache_write": "cache", "paged": "decode", "attention": "dense"}
 RUN_ORDER = ("cache", "decode", "varlen", "dense")  # cheap rows first under --time-limit
@@ -445,6 +447,8 @@ def markdown_section(result: dict) -> str:
     out = [f"## {env.get('date', '?')} — {env.get('gpu', '?')} ({mode} run)", "",
            f"Command: `{env.get('command', 'python3 tools/bench.py')}`", "",
            f"Environment: {env_line(result)}.", "", ceiling_line(result) + ".", ""]
+    if "gpu_state" in result:
+        out += [gpu_state.summary_line(result["gpu_state"]) + ".", ""]
     for kind in KINDS:
         kind_rows = [r for r in result["rows"] if r["kind"] == kind]
         for title, headers, lines in tables_for(result["rows"], kind):
@@ -1427,6 +1431,8 @@ def main(argv=None) -> int:
               "rows": [], "elapsed_s": {}}
     result["env"] = environment(runner)
     print(f"{env_line(result)}; mode {mode}", flush=True)
+    # the GPU's clock, power and temperature through the run (gpu_state.py says why)
+    sampler = gpu_state.Sampler().start()
     if runner.torch is None:
         print(f"  {runner.torch_reason}: torch peers n/a", flush=True)
     t0 = time.perf_counter()
@@ -1449,9 +1455,12 @@ def main(argv=None) -> int:
             runner.cleanup()
             result["elapsed_s"][kind] = time.perf_counter() - t0
     finally:
+        sampler.stop()
+        result["gpu_state"] = sampler.summary()
         result["elapsed_s"]["total"] = runner.elapsed()
         print(text_report(result))
-        print(f"\n{ceiling_line(result)}\nelapsed: " + ", ".join(
+        print(f"\n{ceiling_line(result)}\n{gpu_state.summary_line(result['gpu_state'])}"
+              "\nelapsed: " + ", ".join(
             f"{k} {v:.1f} s" for k, v in result["elapsed_s"].items()), flush=True)
         for flag, writer in (("json", write_json), ("markdown", append_markdown),
                              ("plot", write_plot)):
