@@ -126,11 +126,13 @@ def summary_line(summary: dict | None) -> str:
 
 
 class Sampler:
-    """Samples the first GPU every `interval` seconds on a thread of its own, from start()
+    """Samples the first GPU every `interval` seconds (2: a benchmark's 100-200 s give 50-100
+    samples, and nvidia-smi, a process of its own, runs seldom beside the timed calls) on a
+    thread of its own, from start()
     (or entering the `with`) to stop(); summary() sums up what it saw. Where nvidia-smi is
     missing or refuses both reason fields, it samples nothing and says so."""
 
-    def __init__(self, interval: float = 1.0, run=subprocess.run):
+    def __init__(self, interval: float = 2.0, run=subprocess.run):
         self.interval = interval
         self._run = run
         self._samples: list[dict] = []
