@@ -8,6 +8,10 @@
 # GPU_TESTS_K: a pytest -k expression for the tests step (e.g. "backward or grad", the
 # backward kernels' tests alone); GPU_TESTS_WORKERS: pytest-xdist's workers for it (needs
 # pytest-xdist; with 16, the backward's 375 tests took 165 s on an H200).
+# GPU_SANITIZE_K: a pytest -k expression for the memcheck, racecheck and synccheck steps
+# instead of their own (e.g. the forward walks' NaN-tail tests alone);
+# GPU_SANITIZE_KERNEL: compute-sanitizer's --kernel-name filter for them (default
+# kns=xla_attn, every kernel of ours; e.g. regex=xla_attn_flash_fwd_sm90).
 set -uo pipefail
 wheel=$1
 out=${2:-gpu-results}
@@ -34,8 +38,11 @@ step() {
 }
 # A subset that touches every kernel (and hostile indices) while staying quick
 # under the sanitizers, which slow kernels down 10-100x.
-subset='hostile or split or decode or (forward and bfloat16 and causal_window_softcap) or (backward and bfloat16) or (cache and small)'
-sanitize=(compute-sanitizer --kernel-name kns=xla_attn --error-exitcode 9 --print-limit 20)
+subset=${GPU_SANITIZE_K:-'hostile or split or decode or (forward and bfloat16 and causal_window_softcap) or (backward and bfloat16) or (cache and small)'}
+race_subset=${GPU_SANITIZE_K:-"$subset and not cache"}
+sync_subset=${GPU_SANITIZE_K:-nan_tails}
+sanitize=(compute-sanitizer --kernel-name "${GPU_SANITIZE_KERNEL:-kns=xla_attn}" --error-exitcode 9
+          --print-limit 20)
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$out/log.txt"
 step info python3 -m xla_attn info
@@ -51,14 +58,14 @@ step memcheck "${sanitize[@]}" --tool memcheck python3 -m pytest -q -p no:cachep
 # docs/benchmarks.md section (44)). The probe's three modes run after it.
 step racecheck "${sanitize[@]}" --tool racecheck --racecheck-report analysis \
   --kernel-name-exclude "regex=xla_attn_flash_bwd_dkdv_sm90_.*_d128" \
-  python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$subset and not cache"
+  python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$race_subset"
 for mode in none sync arrive; do
   step "racecheck" compute-sanitizer --tool racecheck python3 tools/racecheck_probe.py --mode "$mode"
 done
 # synccheck over the NaN-tail tests, which walk the Hopper kernels' every barrier path
 # (a named barrier reached from two places as bar.sync showed there; wgmma_sm90.cuh).
 step synccheck "${sanitize[@]}" --tool synccheck python3 -m pytest -q -p no:cacheprovider \
-  tests/gpu -k "nan_tails"
+  tests/gpu -k "$sync_subset"
 step bench python3 tools/bench.py --json "$out/bench.json" --plot "$out/bench.png" \
   --markdown "$out/bench.md" --time-limit "${BENCH_TIME_LIMIT:-240}"
 echo "gpu suite status: $status"
