@@ -1601,17 +1601,21 @@ def selftest() -> int:
     assert "0.050x" in [x[col] for x in lines] and "WRONG" not in [x[col] for x in lines]
     assert lines[0][0].startswith("d=64 full") and "WRONG" in [x[1] for x in lines]
     print(report)
+    result["gpu_state"] = gpu_state.summarize(
+        [gpu_state.parse("1755, 1980, 650.0, 700.0, 61, 0x4")])
     with tempfile.TemporaryDirectory() as tmp:
         md = os.path.join(tmp, "docs", "benchmarks.md")
         append_markdown(md, result)
         append_markdown(md, result)
         text = open(md, encoding="utf-8").read()
         assert text.count("# Benchmarks") == 1 and text.count("## 2026-01-01") == 2
+        assert text.count("GPU while busy (1 of 1 samples): SM clock 1755 MHz") == 2
         assert "| config |" in text and "|:---|---:|" in text and "WRONG" in text
         js = os.path.join(tmp, "out.json")
         write_json(js, result)
         back = json.load(open(js, encoding="utf-8"))
         assert back["ceilings"]["nan_check"] is None and len(back["rows"]) == len(rows)
+        assert back["gpu_state"]["reasons"] == {"software power cap": 1.0}
         try:
             import matplotlib
         except ImportError:
