@@ -404,9 +404,10 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
     tried against the running max as it stands (fwd_sm90.cuh, softmax_at_running_max)
     must see that an exponent may pass its bound and compute the tile's S again. Several
     key tiles a sequence; "long" rows (2100 at fp8 and d64, else 1300) take fp8's one
-    block an item kernel (past its walk's 2048 rows) and d64's three warpgroups, "short"
-    ones (1000) fp8's walk and d64's two (causal); walk3 the walks everywhere, items the
-    one block an item kernels (d256 takes those always). Against the float64 reference."""
+    block an item kernel (past its walk's 2048 rows), "short" ones (1000) fp8's walk; d64
+    takes three warpgroups at both (two only up to 512 masked rows: sm90_tiles.h,
+    wide_d64); walk3 the walks everywhere, items the one block an item kernels (d256
+    takes those always). Against the float64 reference."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
