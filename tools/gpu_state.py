@@ -119,7 +119,7 @@ def summary_line(summary: dict | None) -> str:
     tc = summary["temp_c"]
     if tc:
         parts.append(f"{tc['median']:.0f} C median (up to {tc['max']:.0f})")
-    reasons = ", ".join(f"{name} {share:.0%}".replace("%", " %")
+    reasons = ", ".join(f"{name} {100 * share:.0f} %"
                         for name, share in summary["reasons"].items())
     return (head + ": " + ", ".join(parts) +
             f"; clock event reasons: {reasons or 'none'}")
