@@ -88,8 +88,10 @@ struct FwdBlock {
   // row_blocks (counted from the last, as above), head, sequence; `threads` of the block's
   // threads, this one `thread`, zero the padding rows (0: none). locate() keeps its own
   // copy: through this one, the sm80 and sm90 kernels' SASS changed (3-6 % slower at
-  // d128 on an H100).
-  template <typename Out>
+  // d128 on an H100). kPartialFirst (sm90_tiles.h, partial_block_first): the sequence's
+  // partial row block is its first, rows [0, (num_q - 1) % block_m + 1), and the others
+  // end at num_q; else whole blocks from row 0 and the partial one last.
+  template <typename Out, bool kPartialFirst = false>
   __device__ __forceinline__ bool at(const xla_attn_flash_fwd_params& p, int block_m,
                                      int row_blocks, int x, int head, int seq, int thread,
                                      int threads) {
@@ -110,7 +112,16 @@ struct FwdBlock {
     hd = p.head_dim;
     hk = h / (p.num_heads / p.num_heads_k);
     win = Window{p.window_left, p.window_right};
-    win.key_range(m0, min(m0 + block_m, s.num_q) - 1, s.offset, s.num_k, &n_lo, &n_hi);
+    if constexpr (kPartialFirst) {
+      // block m0 / block_m of the sequence's (num_q + block_m - 1) / block_m, counted
+      // from its end
+      const int blocks = (s.num_q + block_m - 1) / block_m;
+      const int row_end = s.num_q - (blocks - 1 - m0 / block_m) * block_m;
+      m0 = max(0, row_end - block_m);
+      win.key_range(m0, row_end - 1, s.offset, s.num_k, &n_lo, &n_hi);
+    } else {
+      win.key_range(m0, min(m0 + block_m, s.num_q) - 1, s.offset, s.num_k, &n_lo, &n_hi);
+    }
     return true;
   }
 };

@@ -64,13 +64,19 @@ namespace flash_sm90 {
 // for the copy engine's read here; the walk waits for it in the next item, behind that
 // item's first product, before it hands the buffer back (fwd_sm90_walk.cuh,
 // settle_o_store).
-template <typename T, int D, int kBlockM, bool kWaitRead = true>
+// kPartialFirst (sm90_tiles.h, partial_block_first): the block's rows end at
+// partial_first_row_end, not at the sequence's end.
+template <typename T, int D, int kBlockM, bool kWaitRead = true, bool kPartialFirst = false>
 __device__ __forceinline__ void write_o_rows(const Args& a, uint32_t sQ, int row0, int m0,
                                              const Sequence& s, int h, int hd, int wt, int wg) {
+  // made at each use (held from here, the other kernels' machine code changed)
+  auto row_end = [&] {
+    return kPartialFirst ? partial_first_row_end(m0, s.num_q, kBlockM) : s.num_q;
+  };
   constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;
   constexpr int kColBlocks = D * 2 / kRowBytes;
   const xla_attn_flash_fwd_params& p = a.p;
-  if (a.o_by_copy && m0 + row0 + kOStoreRows <= s.num_q) {
+  if (a.o_by_copy && m0 + row0 + kOStoreRows <= row_end()) {
     sm90::fence_proxy_async_shared();  // the staging stores before the copy engine's reads
     sm90::named_barrier(2 + wg, 128);
     if (wt == 0) {
@@ -91,7 +97,7 @@ __device__ __forceinline__ void write_o_rows(const Args& a, uint32_t sQ, int row
   constexpr int kChunks = D / 8;  // 16-byte chunks of a row
   for (int idx = wt; idx < kOStoreRows * kChunks; idx += 128) {
     const int r = row0 + idx / kChunks, c = idx % kChunks, i = m0 + r;
-    if (i >= s.num_q || c * 8 >= hd) continue;
+    if (i >= row_end() || c * 8 >= hd) continue;
     uint4 x;
     const uint32_t at = sm90::swizzled_chunk(sQ, kQBlockBytes, r, c);
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -194,8 +200,8 @@ __device__ __forceinline__ void round_p(uint32_t (&pa)[kPSteps][4],
 // the Q buffer sQ (its last S product has completed; the other warpgroups read only
 // their own rows) in the tile layout for write_o_rows; lse per row. fp8: O is scaled by
 // v_descale and, bf16 being wider than the Q rows it would be staged in, stored from
-// registers (pairs of columns).
-template <typename T, int D, int kBlockM>
+// registers (pairs of columns). kPartialFirst: as write_o_rows.
+template <typename T, int D, int kBlockM, bool kPartialFirst = false>
 __device__ __forceinline__ void finish_rows(const xla_attn_flash_fwd_params& p,
                                             const float (&o)[1][D / 8][4], const float (&m)[1][2],
                                             const float (&l)[1][2], uint32_t sQ, int row0,
@@ -207,6 +213,7 @@ __device__ __forceinline__ void finish_rows(const xla_attn_flash_fwd_params& p,
   constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;
   const int64_t q_stride = int64_t(p.num_heads) * hd;
   const float out_scale = descale<T>(p.v_descale);
+  const int row_end = kPartialFirst ? partial_first_row_end(m0, s.num_q, kBlockM) : s.num_q;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float sum = l[0][hf];
@@ -216,7 +223,7 @@ __device__ __forceinline__ void finish_rows(const xla_attn_flash_fwd_params& p,
     const float inv = sum > 0.f ? __fdividef(out_scale, sum) : 0.f;
     const int r = row0 + warp * 16 + g + 8 * hf, i = m0 + r;
     if constexpr (kFp8) {
-      if (i < s.num_q) {
+      if (i < row_end) {
         Out* row = static_cast<Out*>(p.out) + (s.q_start + i) * q_stride + int64_t(h) * hd;
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
@@ -235,7 +242,7 @@ __device__ __forceinline__ void finish_rows(const xla_attn_flash_fwd_params& p,
                    "r"(sm80::pack2<T>(o[0][dt][2 * hf] * inv, o[0][dt][2 * hf + 1] * inv))
                    : "memory");
     }
-    if (t == 0 && i < s.num_q && p.softmax_lse) {
+    if (t == 0 && i < row_end && p.softmax_lse) {
       p.softmax_lse[int64_t(h) * p.total_q + s.q_start + i] =
           sum > 0.f ? m[0][hf] * kLn2 + __logf(sum) : XLA_ATTN_INF;
     }
@@ -288,7 +295,7 @@ __device__ __forceinline__ void softmax_of_landed_s(int j, float (&s)[kS], Issue
 // those below s.num_q). The tiles past them are a causal or windowed block's last tiles,
 // which only the block's later rows see: a warpgroup outside ping-pong (three take an
 // empty turn of their ring for each) waits for them and releases them without computing.
-// With 192-row blocks over 128-key tiles (d64 past 512 causal rows, fp8) a causal S =
+// With 192-row blocks over 128-key tiles (d64 past 256 causal rows, fp8) a causal S =
 // 512 / 1024 / 2048 / 4096 / 8192 has 26 / 25 / 10 / 8 / 3 % fewer warpgroup tiles so;
 // with 128-row blocks and Lq = Lk none (every warpgroup sees some key of the diagonal
 // tile). H100, same run: d64 causal S = 2048 / 4096 +4-5 %, fp8 d128 causal S = 4096 +5 %.
@@ -680,10 +687,17 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       sm80::ScoreTransform::of(p, b, h, descale<T>(p.q_descale) * descale<T>(p.k_descale));
   const bool softcap = sx.softcap, prescale = sx.prescale;
   const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
+  // Where a sequence's partial row block comes first (sm90_tiles.h, partial_block_first),
+  // a block's rows end at partial_first_row_end (the first block's rows past it are the
+  // next block's, computed and not written), else at the sequence's end.
+  constexpr bool kPartialFirst = partial_block_first(kWgs, kEB, D, kWalk);
   // Keys every row of the block sees, inside its range: tiles there need no mask.
   int full_lo, full_hi;
-  win.keys_seen_by_all(m0, min(m0 + kBlockM, s.num_q) - 1, s.offset, s.num_k, &full_lo,
-                       &full_hi);
+  win.keys_seen_by_all(
+      m0,
+      min(m0 + kBlockM, kPartialFirst ? partial_first_row_end(m0, s.num_q, kBlockM) : s.num_q) -
+          1,
+      s.offset, s.num_k, &full_lo, &full_hi);
   full_hi = min(full_hi, n_hi);
 
   float o[1][kDT][4] = {};  // rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16
@@ -1028,10 +1042,11 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   // Epilogue (finish_rows), then O written out (write_o_rows); the previous item's O
   // store read waited for first where no product of this item's did.
   if (!kOverlap || wg_tiles <= 0) settle_o_store();
-  finish_rows<T, D, kBlockM>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
+  finish_rows<T, D, kBlockM, kPartialFirst>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
   if constexpr (!kFp8) {
     constexpr bool kWaitRead = !defers_o_store_read(kWgs, kEB, D, kWalk);
-    write_o_rows<T, D, kBlockM, kWaitRead>(a, sQ, row0, m0, s, h, hd, tid % 128, wg);
+    write_o_rows<T, D, kBlockM, kWaitRead, kPartialFirst>(a, sQ, row0, m0, s, h, hd, tid % 128,
+                                                          wg);
   }
 }
 

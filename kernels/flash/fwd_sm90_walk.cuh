@@ -32,6 +32,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   const xla_attn_flash_fwd_params& p = a.p;
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr bool paged = false;  // the walk is not built for paged K/V
+  // a sequence's partial row block first (sm90_tiles.h, partial_block_first)
+  constexpr bool kPartialFirst = partial_block_first(kWgs, kEB, D, true);
 
   // Item `item` (Args) located in `blk`: true where it has rows to compute. `threads` of
   // the block's threads, this one `thread`, share the padding rows' item (0: none). The
@@ -47,8 +49,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         seq = item / a.row_blocks / p.num_heads;
     longest_first_tail(p.batch, a.row_blocks, p.num_heads, int(gridDim.x), &x, &head, &seq,
                        a.tail_waves);
-    return blk.at<typename Tiles::Out>(p, Tiles::kBlockM, a.row_blocks, x, head, seq, thread,
-                                        threads);
+    return blk.at<typename Tiles::Out, kPartialFirst>(p, Tiles::kBlockM, a.row_blocks, x,
+                                                      head, seq, thread, threads);
   };
   // The padding rows' items (sequence `batch`, one a head: their consumers zero the rows
   // past the last real sequence), which have no rows to compute but are walked. Only the
@@ -222,7 +224,10 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
             // copying thread's registers (fp8: 32) warpgroup_tiles itself spilled 44
             // bytes more.
             const KeyTiles kt = key_tiles(rec);
-            const int rows = rec.s.num_q - rec.m0;
+            const int rows =
+                (kPartialFirst ? partial_first_row_end(rec.m0, rec.s.num_q, Tiles::kBlockM)
+                               : rec.s.num_q) -
+                rec.m0;
 #pragma unroll
             for (int w = 0; w < kWgs; ++w) {
               int hi = rec.win.right < 0 ? kt.n_hi
@@ -246,8 +251,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       // the hand-out after the last tile (H200, kernel time at the base clock, two runs):
       // d128 +1.0..+2.3 % (causal S = 512 -0.5..+0.3 %), the varlen row (d128 causal)
       // +4.2..+4.6 %, d64 full 1024 +1.1 %, fp8 d128 +0.5 %. The d64 ping-pong walk
-      // (causal S <= 512 alone: wide_d64) lost 0.7..1.3 % at causal S = 512 (three runs)
-      // and keeps the late hand-out. After the first tile instead of two: d128 full S =
+      // (then causal S <= 512, now <= 256: wide_d64) lost 0.7..1.3 % at causal S = 512
+      // (three runs) and keeps the late hand-out. After the first tile instead of two: d128 full S =
       // 512 / 1024 -2.6 / -1.8 %; after three: -0.4 % / 0.0, the varlen row -1.3 %
       // (docs/benchmarks.md 2026-11-29 (52)).
       constexpr int kEarlyQTiles = D == 64 && !kPassesTiles ? 1 << 30 : 2;

@@ -25,10 +25,13 @@ constexpr int kBlockM = block_m(kConsumerWarpgroups);
 // (fwd_sm90.cuh, warpgroup_tiles; 2026-11-26, H100, same run, 3 rounds): causal S = 1024
 // on three 275-284 against two 267-272, S = 512 187-192 against 191-195. So: three
 // unless the mask has a right edge (causal is a window with right = 0) and the longest
-// sequence has at most 512 queries. Still so with both walks as they are now (H200,
-// kernel time at the base clock, two rounds): two at causal S = 1024 ran 0.945x three
-// (docs/benchmarks.md 2026-11-29 (52)).
-constexpr int kWideMaxMaskedRows = 512;
+// sequence has at most kWideMaxMaskedRows queries. With the partial row block first
+// (partial_block_first, below; H200, kernel time at the base clock, two rounds, three
+// against two): causal S = 128 / 256 / 512 / 1024 0.983 / 0.830 / 1.067 / 1.000x (at 256,
+// 64 + 192 rows: the first block's one warpgroup with rows computes alone); before it,
+// the bound was 512 (two at causal 1024 ran 0.945x three). docs/benchmarks.md
+// 2026-12-01 (53).
+constexpr int kWideMaxMaskedRows = 256;
 XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q) {
   return window_right < 0 || max_seqlen_q > kWideMaxMaskedRows;
 }
@@ -172,6 +175,28 @@ XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
 // S = 4096 / 16384 -0.6 / -0.3 %, causal 8192 -1.4 %.
 XLA_ATTN_HOST_DEVICE constexpr bool turn_ring(int wgs, int eb, int d, bool walk, bool paged) {
   return wgs == 3 && (eb == 2 || !overlaps_products(wgs, eb, d, walk, paged));
+}
+
+// The walks whose warpgroups pass the tiles their rows do not see (three consumers:
+// 16-bit d64's 192-row walk, fp8's) put a sequence's partial row block first: rows 0 ..
+// (num_q - 1) % 192, then whole blocks ending at num_q, rather than whole blocks from row
+// 0 and the partial one last. Under a causal mask the last block sees the most keys, and
+// a partial block's warpgroups without rows pass all of them, so the one or two with rows
+// compute them alone, beside empty ring turns: at S = 1024 (5 x 192 + 64) the last
+// block's one warpgroup with rows computed its 8 tiles alone, the most of any block, for
+// 64 of its 192 rows. First, the partial block sees the fewest keys (S = 1024: 1 tile).
+// The warpgroup tiles are the same in number; fewer of them run alone. H200, kernel
+// time at the base clock, against the partial block last: bf16 d64 causal S = 1024 /
+// 2048 / 4096 +7.0 / +2.0 / +2.5 %, full 1024 +1.0 %, fp8 d128 / d64 causal 1024 +4.0 /
+// +7.2 %, the varlen row (d128, unchanged) +0.7 % (docs/benchmarks.md 2026-12-01 (53)).
+XLA_ATTN_HOST_DEVICE constexpr bool partial_block_first(int wgs, int eb, int d, bool walk) {
+  return walk && !ping_pong(wgs, eb, d);
+}
+// The row after a block's last (its rows [m0, row_end), a sequence of num_q rows) where
+// the partial block comes first: the first block ends at (num_q - 1) % block_m + 1, the
+// others are whole.
+XLA_ATTN_HOST_DEVICE constexpr int partial_first_row_end(int m0, int num_q, int block_m) {
+  return m0 == 0 ? (num_q - 1) % block_m + 1 : m0 + block_m;
 }
 
 // The walk's copying thread of a warpgroup waits for the copy engine's read of its O

@@ -405,7 +405,7 @@ def test_flash_forward_sm90_rising_scores(gpu_device, sm90_grid, rng, mk, monkey
     must see that an exponent may pass its bound and compute the tile's S again. Several
     key tiles a sequence; "long" rows (2100 at fp8 and d64, else 1300) take fp8's one
     block an item kernel (past its walk's 2048 rows), "short" ones (1000) fp8's walk; d64
-    takes three warpgroups at both (two only up to 512 masked rows: sm90_tiles.h,
+    takes three warpgroups at both (two only up to 256 masked rows: sm90_tiles.h,
     wide_d64); walk3 the walks everywhere, items the one block an item kernels (d256
     takes those always). Against the float64 reference."""
     if not _is_sm90(gpu_device):
@@ -454,15 +454,17 @@ def test_flash_forward_sm90_causal_diagonals(gpu_device, sm90_grid, rng, mk, mon
     that half's exponentials would lose: TileSoftmax::warp_sees_first_half), an odd
     offset; sequences ending inside a tile's first and second halves, one of a single
     tile. A warpgroup passes the tiles none of its rows sees at d64 (three warpgroups
-    past 512 rows; fwd_sm90.cuh, warpgroup_tiles) and at fp8 (three warpgroups, 192-row
+    past 256 rows; fwd_sm90.cuh, warpgroup_tiles) and at fp8 (three warpgroups, 192-row
     blocks; in the walk each warpgroup's tile count comes from the item's record,
     fwd_sm90_walk.cuh), and at 16-bit d256 (64-key tiles, one block an item: its grids
-    are one launch). Against the float64 reference, lse included."""
+    are one launch). Those walks put a sequence's partial 192-row block first
+    (sm90_tiles.h, partial_block_first): 300, 1000 and 129 rows start with blocks of 108,
+    40 and 129 rows, 384 with a whole one. Against the float64 reference, lse included."""
     if not _is_sm90(gpu_device):
         pytest.skip("the sm90 family runs on sm_90 only")
     monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
     fp8 = dtype == "float8_e4m3fn"
-    lens_q = [256, 300, 64, 1000, 129]
+    lens_q = [256, 300, 64, 1000, 129, 384]
     lens_k = [max(1, n + offset) for n in lens_q]
     # 16 heads: enough blocks that no split of the keys is planned (the sm90 family
     # takes none; see test_flash_forward_sm90_rising_scores)
