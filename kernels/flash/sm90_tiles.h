@@ -26,11 +26,10 @@ constexpr int kBlockM = block_m(kConsumerWarpgroups);
 // on three 275-284 against two 267-272, S = 512 187-192 against 191-195. So: three
 // unless the mask has a right edge (causal is a window with right = 0) and the longest
 // sequence has at most kWideMaxMaskedRows queries. With the partial row block first
-// (partial_block_first, below; H200, kernel time at the base clock, two rounds, three
-// against two): causal S = 128 / 256 / 512 / 1024 0.983 / 0.830 / 1.067 / 1.000x (at 256,
-// 64 + 192 rows: the first block's one warpgroup with rows computes alone); before it,
-// the bound was 512 (two at causal 1024 ran 0.945x three). docs/benchmarks.md
-// 2026-12-01 (53).
+// (partial_block_first, below; H200, kernel time at the base clock, three against two):
+// causal S = 128 / 256 / 384 / 512 0.983 / 0.830 / 1.049 / 1.067x (at 256, 64 + 192 rows,
+// the first block's one warpgroup with rows computes alone). Before it the bound was 512
+// (two at causal 1024 ran 0.945x three). docs/benchmarks.md 2026-12-01 (53).
 constexpr int kWideMaxMaskedRows = 256;
 XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q) {
   return window_right < 0 || max_seqlen_q > kWideMaxMaskedRows;
