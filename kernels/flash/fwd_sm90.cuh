@@ -64,15 +64,13 @@ namespace flash_sm90 {
 // for the copy engine's read here; the walk waits for it in the next item, behind that
 // item's first product, before it hands the buffer back (fwd_sm90_walk.cuh,
 // settle_o_store).
-// kPartialFirst (sm90_tiles.h, partial_block_first): the block's rows end at
-// partial_first_row_end, not at the sequence's end.
+// kPartialFirst (sm90_tiles.h, partial_block_first): the block's rows end at rows_end,
+// not at the sequence's end.
 template <typename T, int D, int kBlockM, bool kWaitRead = true, bool kPartialFirst = false>
 __device__ __forceinline__ void write_o_rows(const Args& a, uint32_t sQ, int row0, int m0,
                                              const Sequence& s, int h, int hd, int wt, int wg) {
   // made at each use (held from here, the other kernels' machine code changed)
-  auto row_end = [&] {
-    return kPartialFirst ? partial_first_row_end(m0, s.num_q, kBlockM) : s.num_q;
-  };
+  auto row_end = [&] { return rows_end<kPartialFirst>(m0, s.num_q, kBlockM); };
   constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;
   constexpr int kColBlocks = D * 2 / kRowBytes;
   const xla_attn_flash_fwd_params& p = a.p;
@@ -213,7 +211,7 @@ __device__ __forceinline__ void finish_rows(const xla_attn_flash_fwd_params& p,
   constexpr uint32_t kQBlockBytes = kBlockM * kRowBytes;
   const int64_t q_stride = int64_t(p.num_heads) * hd;
   const float out_scale = descale<T>(p.v_descale);
-  const int row_end = kPartialFirst ? partial_first_row_end(m0, s.num_q, kBlockM) : s.num_q;
+  const int row_end = rows_end<kPartialFirst>(m0, s.num_q, kBlockM);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float sum = l[0][hf];
@@ -688,16 +686,13 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   const bool softcap = sx.softcap, prescale = sx.prescale;
   const float mul = sx.mul, cap = sx.cap, slope = sx.slope, exp_mul = sx.exp_mul;
   // Where a sequence's partial row block comes first (sm90_tiles.h, partial_block_first),
-  // a block's rows end at partial_first_row_end (the first block's rows past it are the
-  // next block's, computed and not written), else at the sequence's end.
+  // a block's rows end at rows_end (the first block's rows past it are the next block's,
+  // computed and not written), else at the sequence's end.
   constexpr bool kPartialFirst = partial_block_first(kWgs, kEB, D, kWalk);
   // Keys every row of the block sees, inside its range: tiles there need no mask.
   int full_lo, full_hi;
-  win.keys_seen_by_all(
-      m0,
-      min(m0 + kBlockM, kPartialFirst ? partial_first_row_end(m0, s.num_q, kBlockM) : s.num_q) -
-          1,
-      s.offset, s.num_k, &full_lo, &full_hi);
+  win.keys_seen_by_all(m0, min(m0 + kBlockM, rows_end<kPartialFirst>(m0, s.num_q, kBlockM)) - 1,
+                       s.offset, s.num_k, &full_lo, &full_hi);
   full_hi = min(full_hi, n_hi);
 
   float o[1][kDT][4] = {};  // rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16

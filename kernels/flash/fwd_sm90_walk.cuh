@@ -225,9 +225,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
             // bytes more.
             const KeyTiles kt = key_tiles(rec);
             const int rows =
-                (kPartialFirst ? partial_first_row_end(rec.m0, rec.s.num_q, Tiles::kBlockM)
-                               : rec.s.num_q) -
-                rec.m0;
+                rows_end<kPartialFirst>(rec.m0, rec.s.num_q, Tiles::kBlockM) - rec.m0;
 #pragma unroll
             for (int w = 0; w < kWgs; ++w) {
               int hi = rec.win.right < 0 ? kt.n_hi
@@ -252,9 +250,9 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       // d128 +1.0..+2.3 % (causal S = 512 -0.5..+0.3 %), the varlen row (d128 causal)
       // +4.2..+4.6 %, d64 full 1024 +1.1 %, fp8 d128 +0.5 %. The d64 ping-pong walk
       // (then causal S <= 512, now <= 256: wide_d64) lost 0.7..1.3 % at causal S = 512
-      // (three runs) and keeps the late hand-out. After the first tile instead of two: d128 full S =
-      // 512 / 1024 -2.6 / -1.8 %; after three: -0.4 % / 0.0, the varlen row -1.3 %
-      // (docs/benchmarks.md 2026-11-29 (52)).
+      // (three runs) and keeps the late hand-out. After the first tile instead of two:
+      // d128 full S = 512 / 1024 -2.6 / -1.8 %; after three: -0.4 % / 0.0, the varlen row
+      // -1.3 % (docs/benchmarks.md 2026-11-29 (52)).
       constexpr int kEarlyQTiles = D == 64 && !kPassesTiles ? 1 << 30 : 2;
       hand_out(0);
       for (int qi = 0; !over; ++qi) {

@@ -191,11 +191,17 @@ XLA_ATTN_HOST_DEVICE constexpr bool turn_ring(int wgs, int eb, int d, bool walk,
 XLA_ATTN_HOST_DEVICE constexpr bool partial_block_first(int wgs, int eb, int d, bool walk) {
   return walk && !ping_pong(wgs, eb, d);
 }
-// The row after a block's last (its rows [m0, row_end), a sequence of num_q rows) where
-// the partial block comes first: the first block ends at (num_q - 1) % block_m + 1, the
-// others are whole.
-XLA_ATTN_HOST_DEVICE constexpr int partial_first_row_end(int m0, int num_q, int block_m) {
-  return m0 == 0 ? (num_q - 1) % block_m + 1 : m0 + block_m;
+// The row before which a block's written rows end (its rows from m0, a sequence of num_q
+// rows): where the partial block comes first, the first block ends at (num_q - 1) %
+// block_m + 1 and the others are whole; else at the sequence's end (a block's rows past
+// m0 + block_m are not its own either way).
+template <bool kPartialFirst>
+XLA_ATTN_HOST_DEVICE constexpr int rows_end(int m0, int num_q, int block_m) {
+  if constexpr (kPartialFirst) {
+    return m0 == 0 ? (num_q - 1) % block_m + 1 : m0 + block_m;
+  } else {
+    return num_q;
+  }
 }
 
 // The walk's copying thread of a warpgroup waits for the copy engine's read of its O
