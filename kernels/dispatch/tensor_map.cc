@@ -7,9 +7,13 @@
 namespace xla_attn::dispatch {
 namespace {
 
-static_assert(sizeof(sm90::TensorMap) == sizeof(CUtensorMap) &&
-                  alignof(sm90::TensorMap) == alignof(CUtensorMap),
-              "sm90::TensorMap must be a CUtensorMap");
+// The encoder writes a CUtensorMap into an sm90::TensorMap: the same 128 bytes, aligned to
+// the 64 that the copy engine reads a tensor map at (PTX ISA, cp.async.bulk.tensor) and that
+// CUDA 12's cuda.h declares. CUDA 13's declares 128; both flavours call the driver's 12.0
+// entry point (encoder, below), which the cu12 wheel runs on the same drivers with 64.
+// (Asserting equal alignments stopped the cu13 build at this file.)
+static_assert(sizeof(sm90::TensorMap) == sizeof(CUtensorMap) && alignof(sm90::TensorMap) >= 64,
+              "sm90::TensorMap must hold a CUtensorMap");
 
 // cuTensorMapEncodeTiled as the CUDA 12.0 driver API defines it, found once.
 PFN_cuTensorMapEncodeTiled_v12000 encoder(std::string* error) {
