@@ -221,8 +221,9 @@ static_assert(kDescHigh == 0x40000040u, "XLA_ATTN_DESC_HIGH spells kDescHigh");
                  : ACC(d)                                                                   \
                  : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));                         \
   }
-// D (64 x N) += A B; A (64 x 16) in registers, B (16 x N) N-major in shared memory.
-#define XLA_ATTN_WGMMA_RS(N, REGS, ACC, A0, A1, A2, A3, B, TY)                                \
+// D (64 x N) += A B; A (64 x 16) in registers, B (16 x N) N-major in shared memory. FLAG:
+// unused (XLA_ATTN_WGMMA_RS_D's operand, so that XLA_ATTN_WGMMA_RS_NT takes either).
+#define XLA_ATTN_WGMMA_RS(N, REGS, ACC, A0, A1, A2, A3, B, FLAG, TY)                          \
   if constexpr (kDescLowWord) {                                                               \
     asm volatile("{ .reg .b64 db;\n" XLA_ATTN_DESC("db", B)                                  \
                  "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS        \
@@ -234,6 +235,45 @@ static_assert(kDescHigh == 0x40000040u, "XLA_ATTN_DESC_HIGH spells kDescHigh");
                  ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", 1, 1, 1, 1;\n"            \
                  : ACC(d)                                                                   \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));                \
+  }
+// The same with D = A B where !accumulate (scale-d as a predicate; FLAG its operand).
+#define XLA_ATTN_WGMMA_RS_D(N, REGS, ACC, A0, A1, A2, A3, B, FLAG, TY)                        \
+  if constexpr (kDescLowWord) {                                                               \
+    asm volatile("{ .reg .pred p; .reg .b64 db; setp.ne.b32 p, %" FLAG ", 0;\n"               \
+                 XLA_ATTN_DESC("db", B)                                                      \
+                 "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS        \
+                 ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, db, p, 1, 1, 1; }\n"              \
+                 : ACC(d)                                                                   \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(desc_lo(desc_b)),        \
+                   "r"(int(accumulate)));                                                   \
+  } else {                                                                                    \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %" FLAG ", 0;\n"                             \
+                 "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS        \
+                 ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, 1; }\n"          \
+                 : ACC(d)                                                                   \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),                 \
+                   "r"(int(accumulate)));                                                   \
+  }
+// One of those (MACRO) for wgmma_rs's N and T (kBf16).
+#define XLA_ATTN_WGMMA_RS_NT(MACRO)                                                            \
+  if constexpr (N == 64 && kBf16) {                                                           \
+    MACRO("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "35", "36",     \
+          "37", "bf16");                                                                      \
+  } else if constexpr (N == 64) {                                                             \
+    MACRO("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "35", "36",     \
+          "37", "f16");                                                                       \
+  } else if constexpr (N == 128 && kBf16) {                                                   \
+    MACRO("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66", "67", "68",    \
+          "69", "bf16");                                                                      \
+  } else if constexpr (N == 128) {                                                            \
+    MACRO("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66", "67", "68",    \
+          "69", "f16");                                                                       \
+  } else if constexpr (kBf16) {                                                               \
+    MACRO("256", XLA_ATTN_WGMMA_REGS128, XLA_ATTN_WGMMA_ACC128, "128", "129", "130", "131",    \
+          "132", "133", "bf16");                                                              \
+  } else {                                                                                    \
+    MACRO("256", XLA_ATTN_WGMMA_REGS128, XLA_ATTN_WGMMA_ACC128, "128", "129", "130", "131",    \
+          "132", "133", "f16");                                                               \
   }
 
 // The operands' layouts in shared memory (imm-trans-a, imm-trans-b):
@@ -285,30 +325,17 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   }
 }
 
-template <int N, typename T, bool kDescLowWord = false>
+// kScaleD: D = A B where !accumulate (XLA_ATTN_WGMMA_RS_D), else always D += A B.
+template <int N, typename T, bool kDescLowWord = false, bool kScaleD = false>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
-                                         uint64_t desc_b) {
+                                         uint64_t desc_b, bool accumulate = true) {
   constexpr bool kBf16 = kSameType<T, __nv_bfloat16>;
   static_assert(kBf16 || kSameType<T, __half>, "wgmma_rs takes __half or __nv_bfloat16");
   static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs: N = 64, 128 or 256");
-  if constexpr (N == 64 && kBf16) {
-    XLA_ATTN_WGMMA_RS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "35",
-                      "36", "bf16");
-  } else if constexpr (N == 64) {
-    XLA_ATTN_WGMMA_RS("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "35",
-                      "36", "f16");
-  } else if constexpr (N == 128 && kBf16) {
-    XLA_ATTN_WGMMA_RS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66", "67",
-                      "68", "bf16");
-  } else if constexpr (N == 128) {
-    XLA_ATTN_WGMMA_RS("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66", "67",
-                      "68", "f16");
-  } else if constexpr (kBf16) {
-    XLA_ATTN_WGMMA_RS("256", XLA_ATTN_WGMMA_REGS128, XLA_ATTN_WGMMA_ACC128, "128", "129", "130",
-                      "131", "132", "bf16");
+  if constexpr (kScaleD) {
+    XLA_ATTN_WGMMA_RS_NT(XLA_ATTN_WGMMA_RS_D)
   } else {
-    XLA_ATTN_WGMMA_RS("256", XLA_ATTN_WGMMA_REGS128, XLA_ATTN_WGMMA_ACC128, "128", "129", "130",
-                      "131", "132", "f16");
+    XLA_ATTN_WGMMA_RS_NT(XLA_ATTN_WGMMA_RS)
   }
 }
 
@@ -321,11 +348,29 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
                ", %" A ", %" B ", p, 1, 1; }\n"                                              \
                : ACC(d)                                                                     \
                : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)))
-#define XLA_ATTN_WGMMA_RS_E4M3(N, REGS, ACC, A0, A1, A2, A3, B)                               \
+#define XLA_ATTN_WGMMA_RS_E4M3(N, REGS, ACC, A0, A1, A2, A3, B, FLAG)                         \
   asm volatile("wgmma.mma_async.sync.aligned.m64n" N "k32.f32.e4m3.e4m3 " REGS              \
                ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", 1, 1, 1;\n"                \
                : ACC(d)                                                                     \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+// The same with D = A B where !accumulate (XLA_ATTN_WGMMA_RS_D's scale-d).
+#define XLA_ATTN_WGMMA_RS_E4M3_D(N, REGS, ACC, A0, A1, A2, A3, B, FLAG)                       \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %" FLAG ", 0;\n"                               \
+               "wgmma.mma_async.sync.aligned.m64n" N "k32.f32.e4m3.e4m3 " REGS              \
+               ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1; }\n"              \
+               : ACC(d)                                                                     \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)))
+#define XLA_ATTN_WGMMA_RS_E4M3_N(MACRO)                                                        \
+  if constexpr (N == 64) {                                                                    \
+    MACRO("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34", "35", "36",     \
+          "37");                                                                              \
+  } else if constexpr (N == 128) {                                                            \
+    MACRO("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66", "67", "68",    \
+          "69");                                                                              \
+  } else {                                                                                    \
+    MACRO("256", XLA_ATTN_WGMMA_REGS128, XLA_ATTN_WGMMA_ACC128, "128", "129", "130", "131",    \
+          "132", "133");                                                                      \
+  }
 
 template <int N>
 __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], uint64_t desc_a,
@@ -338,27 +383,27 @@ __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], uint64_t desc_a
   }
 }
 
-template <int N>
+// kScaleD as wgmma_rs's.
+template <int N, bool kScaleD = false>
 __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4],
-                                              uint64_t desc_b) {
+                                              uint64_t desc_b, bool accumulate = true) {
   static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs_e4m3: N = 64, 128 or 256");
-  if constexpr (N == 64) {
-    XLA_ATTN_WGMMA_RS_E4M3("64", XLA_ATTN_WGMMA_REGS32, XLA_ATTN_WGMMA_ACC32, "32", "33", "34",
-                           "35", "36");
-  } else if constexpr (N == 128) {
-    XLA_ATTN_WGMMA_RS_E4M3("128", XLA_ATTN_WGMMA_REGS64, XLA_ATTN_WGMMA_ACC64, "64", "65", "66",
-                           "67", "68");
+  if constexpr (kScaleD) {
+    XLA_ATTN_WGMMA_RS_E4M3_N(XLA_ATTN_WGMMA_RS_E4M3_D)
   } else {
-    XLA_ATTN_WGMMA_RS_E4M3("256", XLA_ATTN_WGMMA_REGS128, XLA_ATTN_WGMMA_ACC128, "128", "129",
-                           "130", "131", "132");
+    XLA_ATTN_WGMMA_RS_E4M3_N(XLA_ATTN_WGMMA_RS_E4M3)
   }
 }
 
 #undef XLA_ATTN_WGMMA_SS
 #undef XLA_ATTN_WGMMA_SS_NT
 #undef XLA_ATTN_WGMMA_RS
+#undef XLA_ATTN_WGMMA_RS_D
+#undef XLA_ATTN_WGMMA_RS_NT
 #undef XLA_ATTN_WGMMA_SS_E4M3
 #undef XLA_ATTN_WGMMA_RS_E4M3
+#undef XLA_ATTN_WGMMA_RS_E4M3_D
+#undef XLA_ATTN_WGMMA_RS_E4M3_N
 #undef XLA_ATTN_DESC
 
 }  // namespace xla_attn::sm90

@@ -136,12 +136,15 @@ __device__ __forceinline__ void issue_qk(float (&s)[block_n(D, sizeof(T)) / 2],
 // O += P V of one consumer warpgroup, issued: P from registers (pa, block_n keys), B the
 // V tile (16-bit: N-major, D columns in column blocks a tile's column block apart, 16
 // keys a k-step) or fp8's V^T tile (K-major, 32 keys a k-step along its 128-byte rows).
+// Where first_pv_writes_o (sm90_tiles.h), O = P V instead where !accumulate (an item's
+// first), so that O needs no zeroing.
 template <typename T, int D>
 __device__ __forceinline__ void issue_pv_on(
     float (&o)[D / 2], uint32_t (&pa)[block_n(D, sizeof(T)) * sizeof(T) / 32][4],
-    uint32_t v_tile) {
+    uint32_t v_tile, bool accumulate = true) {
   constexpr int kBlockN = block_n(D, sizeof(T));
   constexpr bool kFp8 = sizeof(T) == 1;
+  constexpr bool kScaleD = first_pv_writes_o(D);
   const uint64_t v_desc = sm90::smem_desc(v_tile, kFp8 ? 16u : kBlockN * kRowBytes);
   sm90::wgmma_hold(o);
   sm90::wgmma_hold(pa);
@@ -149,9 +152,12 @@ __device__ __forceinline__ void issue_pv_on(
 #pragma unroll
   for (int kk = 0; kk < int(kBlockN * sizeof(T) / 32); ++kk) {
     if constexpr (kFp8) {
-      sm90::wgmma_rs_e4m3<D>(o, pa[kk], sm90::desc_plus(v_desc, uint32_t(kk) * 32u));
+      sm90::wgmma_rs_e4m3<D, kScaleD>(o, pa[kk], sm90::desc_plus(v_desc, uint32_t(kk) * 32u),
+                                      kk > 0 || accumulate);
     } else {
-      sm90::wgmma_rs<D, T>(o, pa[kk], sm90::desc_plus(v_desc, uint32_t(kk) * 16u * kRowBytes));
+      sm90::wgmma_rs<D, T, false, kScaleD>(
+          o, pa[kk], sm90::desc_plus(v_desc, uint32_t(kk) * 16u * kRowBytes),
+          kk > 0 || accumulate);
     }
   }
   sm90::wgmma_commit();
@@ -695,7 +701,18 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
                        s.offset, s.num_k, &full_lo, &full_hi);
   full_hi = min(full_hi, n_hi);
 
-  float o[1][kDT][4] = {};  // rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16
+  // O: rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16. Where the item's first
+  // P V writes it (sm90_tiles.h, first_pv_writes_o), not zeroed here: a warpgroup without
+  // a tile zeroes it before its epilogue.
+  constexpr bool kFirstPvWritesO = first_pv_writes_o(D);
+  float o[1][kDT][4];
+  if constexpr (!kFirstPvWritesO) {
+#pragma unroll
+    for (int x = 0; x < kDT; ++x) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[0][x][i] = 0.f;
+    }
+  }
   float m[1][2] = {{-XLA_ATTN_INF, -XLA_ATTN_INF}}, l[1][2] = {{0.f, 0.f}};
   float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
   float sc[1][kNT][4];
@@ -780,8 +797,8 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       return sV + st * kKVBytes;
     }
   };
-  // O += P V_j, issued once V_j is there (issue_pv_on)
-  auto issue_pv = [&](int j) { issue_pv_on<T, D>(o_flat, pa, pv_tile(j)); };
+  // O += P V_j (first_pv_writes_o: j = 0 writes O), issued once V_j is there (issue_pv_on)
+  auto issue_pv = [&](int j) { issue_pv_on<T, D>(o_flat, pa, pv_tile(j), j > 0); };
   // The online softmax of tile j's S (sm80::TileSoftmax), in place. O's rescale is
   // handed back (corr, rescale) for after the P V product in flight.
   float corr[1][2];
@@ -971,7 +988,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       sm90::wgmma_wait<0>();
       sm90::wgmma_hold(s_flat);
       release(kEmptyK, g0 % kKRing);
-      softmax(0, present);  // O is still zero: nothing to rescale
+      softmax(0, present);  // O is still zero (or not yet written): nothing to rescale
       to_p();
     }
     for (int j = 1; j < wg_tiles; ++j) {
@@ -1037,6 +1054,14 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
   // Epilogue (finish_rows), then O written out (write_o_rows); the previous item's O
   // store read waited for first where no product of this item's did.
   if (!kOverlap || wg_tiles <= 0) settle_o_store();
+  // No P V wrote O: zeros for finish_rows. Here, not before the tiles: zeroed on one path
+  // there, O was zeroed on all (LLVM took the other path's undefined O for zeros).
+  if constexpr (kFirstPvWritesO) {
+    if (wg_tiles <= 0) {
+#pragma unroll
+      for (int x = 0; x < kDT * 4; ++x) o_flat[x] = 0.f;
+    }
+  }
   finish_rows<T, D, kBlockM, kPartialFirst>(p, o, m, l, sQ, row0, warp, g, t, m0, s, h, hd);
   if constexpr (!kFp8) {
     constexpr bool kWaitRead = !defers_o_store_read(kWgs, kEB, D, kWalk);

@@ -103,6 +103,15 @@ XLA_ATTN_HOST_DEVICE constexpr bool overlaps_products(int wgs, int eb, int d, bo
 // %: the spread); d256 1024 / 8192 -2.6 / -0.4 % (its products outweigh its softmax).
 XLA_ATTN_HOST_DEVICE constexpr bool at_running_max(int d, int eb) { return eb == 1 || d <= 128; }
 
+// An item's first P V writes O (wgmma's scale-d off) instead of adding into an O zeroed
+// at the item's start (~95 instructions a warp an item: CS2R / MOV into O's registers), at
+// d128, 16-bit and fp8 (fwd_sm90.cuh, issue_pv_on). H200, kernel time at the base clock,
+// two rounds, against the zeroing: bf16 d128 full S = 512 / 1024 / 8192 +1.3 / +1.0 /
+// +0.1 %, causal 512 +0.8 %, varlen +0.8 %, fp8 d128 causal 1024 +2.2 % (8192 full, one
+// round: 1.000); d64 full 1024 / 4096 -0.7 / -0.5 %, causal 512 -0.5 % and d256 full 512
+// -0.9 % keep the zeroing (docs/benchmarks.md 2026-12-01 (54)).
+XLA_ATTN_HOST_DEVICE constexpr bool first_pv_writes_o(int d) { return d == 128; }
+
 // Head dims are padded with zeros up to 64, 128 or 256 (the copy engine fills columns
 // past head_dim with zeros): whole 128-byte rows per 64-column block.
 XLA_ATTN_HOST_DEVICE constexpr int head_bucket(int head_dim) {
