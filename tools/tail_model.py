@@ -14,7 +14,8 @@ kernels' remap: the last (head, sequence) pairs, enough for two blocks an SM, st
 longest first across the pairs. A model, not a measurement: docs/benchmarks.md section
 (16) has the A/B on an H100. Then the walk's varlen rows (tools/bench.py's 16 causal
 sequences of random lengths, seeds 0-3) with that tail over 2, 4 and 8 items an SM, and
-every pair in it: where lengths differ the launcher takes 8 (section (29)).
+every pair in it: where lengths differ the launcher takes 8 (section (29)). Last, the
+full rows, whose equal blocks lose only the last wave's empty SMs (section (54)).
 """
 from __future__ import annotations
 
@@ -82,6 +83,21 @@ def over_ideal(kernel: str, head_dim: int, seqlen: int, sms: int, remap: bool) -
     return makespan(durations, sms) / (sum(durations) / sms)
 
 
+def full_over_ideal(kernel: str, head_dim: int, seqlen: int, sms: int) -> float:
+    """The bench's full (non-causal) row: every block has the same work (the forward's
+    items of 128 rows, 192 at d64, whose partial row block computes every key too; the
+    dk/dv blocks of 128 keys, 64 at d256), so the makespan over the ideal is the last
+    wave's emptiness: ceil(n / sms) / (n / sms) for n blocks, whatever the order."""
+    batch, heads = TOKENS // seqlen, WIDTH // head_dim
+    if kernel == "bwd":
+        blocks = seqlen // (64 if head_dim == 256 else 128)
+    else:
+        rows = 192 if head_dim == 64 else 128
+        blocks = (seqlen + rows - 1) // rows
+    n = batch * heads * blocks
+    return makespan([1.0] * n, sms) / (n / sms)
+
+
 def varlen_over_ideal(seed: int, sms: int, waves: int) -> float:
     """The walk's d128 forward on bench.py's varlen row (lengths of `seed`): items of 128
     rows, each pair's last row block first (x = 0), row block m seeing m + 1 tiles of 128
@@ -112,6 +128,12 @@ def main() -> None:
                 a = over_ideal(kernel, d, s, args.sms, False)
                 b = over_ideal(kernel, d, s, args.sms, True)
                 print(f"{kernel:6}  {d:<4} {s:<6} {a:12.3f}  {b:18.3f}")
+    print("\nfull rows (equal blocks: the last wave's emptiness)  makespan / ideal")
+    for kernel, dims in (("bwd", (64, 128, 256)), ("fwd", (64, 128, 256))):
+        for d in dims:
+            cells = [full_over_ideal(kernel, d, s, args.sms)
+                     for s in (512, 1024, 2048, 4096, 8192, 16384)]
+            print(f"{kernel:6}  {d:<4} S = 512 .. 16384: " + " ".join(f"{c:.3f}" for c in cells))
     print("\nwalk, varlen row  tail over 2 / 4 / 8 items an SM / every pair")
     for seed in range(4):
         cells = [varlen_over_ideal(seed, args.sms, w) for w in (2, 4, 8, 1 << 20)]
