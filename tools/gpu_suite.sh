@@ -2,7 +2,7 @@
 # The GPU pass in one command, for a machine with an NVIDIA GPU, a CUDA-enabled jax
 # (and torch, for its frontend) and compute-sanitizer: install a built wheel, then
 # info, check, the GPU tests, memcheck and racecheck over our kernels, and the
-# benchmark. Logs go to OUT_DIR.
+# benchmark. Logs go to OUT_DIR: log.txt, and each step's own (tests.txt, bench.txt, ...).
 #   tools/gpu_suite.sh dist/xla_attn_cu12-*.whl OUT_DIR [STEPS]
 # STEPS: any of info,check,tests,memcheck,racecheck,synccheck,bench (default: all).
 # GPU_TESTS_K: a pytest -k expression for the tests step (e.g. "backward or grad", the
@@ -28,11 +28,12 @@ step() {
   want "$name" || return 0
   echo "=== $name: $*" | tee -a "$out/log.txt"
   local t0=$SECONDS
-  "$@" > "$out/step.txt" 2>&1
+  # Each step's output in a file of its own (kept: a step that a caller's time bound kills
+  # leaves its progress there), then appended to log.txt, one file for all steps.
+  "$@" > "$out/$name.txt" 2>&1
   local rc=$?
-  cat "$out/step.txt" >> "$out/log.txt"          # the whole output, one file for all steps
-  tail -n 12 "$out/step.txt"
-  rm -f "$out/step.txt"
+  cat "$out/$name.txt" >> "$out/log.txt"
+  tail -n 12 "$out/$name.txt"
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$out/log.txt"
   status=$((status | rc))
 }
