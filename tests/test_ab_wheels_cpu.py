@@ -263,3 +263,28 @@ def test_ncu_mode_needs_ncu(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         ab.main(["a", "--ncu"])
     assert "ncu is not on PATH" in capsys.readouterr().err
+
+
+def test_a_process_that_crashes_is_killed_after_a_grace_not_its_bound(monkeypatch, capsys):
+    """A child whose stderr says it crashed (as ncu's does where the Python it profiles
+    segfaults, then stays) is killed CRASH_GRACE_S later, not at its process bound."""
+    monkeypatch.setattr(ab, "CRASH_GRACE_S", 1.0)
+    code = ("import sys, time\n"
+            f"print({ab.PROGRESS!r} + 'bf16 d128 S512 causal: started', flush=True)\n"
+            f"print({ab.CRASH_MARK!r}, file=sys.stderr, flush=True)\n"
+            "time.sleep(60)")
+    t0 = time.monotonic()
+    got = ab.run_child(code, dict(os.environ), "a crashed wheel", timeout=50.0)
+    assert got == {} and time.monotonic() - t0 < 20
+    err = capsys.readouterr().err
+    assert "a crashed wheel crashed (Segmentation fault)" in err
+    assert "its last progress: bf16 d128 S512 causal: started" in err
+
+
+def test_a_process_that_ends_by_itself_after_a_crash_line_is_read_as_usual():
+    """A crash line from a child that then ends by itself is no kill: its RESULT stands."""
+    code = ("import sys\n"
+            f"print({ab.CRASH_MARK!r} + ' (of something else)', file=sys.stderr, flush=True)\n"
+            "print('RESULT {\"bf16 d128 S512 full\": [1.0, 0.0]}', flush=True)")
+    assert ab.run_child(code, dict(os.environ), "w", timeout=30.0) == {
+        "bf16 d128 S512 full": (1.0, 0.0)}

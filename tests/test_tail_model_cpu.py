@@ -41,3 +41,14 @@ def test_a_wider_tail_finishes_the_varlen_row_nearer_the_ideal():
     pytest.importorskip("numpy")  # bench.py's lengths
     two, eight = (tm.varlen_over_ideal(0, 132, w) for w in (2, 8))
     assert two > 1.03 and 1.0 <= eight < 1.02
+
+
+def test_full_rows_lose_the_last_waves_emptiness():
+    """bench.py's full rows have the same block count at every S (16 K tokens x H x D =
+    2,048): d128's 2,048 forward items are 15.5 waves of 132, so 16 / 15.52."""
+    for s in (512, 4096, 16384):
+        assert tm.full_over_ideal("fwd", 128, s, 132) == pytest.approx(16 / (2048 / 132))
+        assert tm.full_over_ideal("bwd", 128, s, 132) == pytest.approx(16 / (2048 / 132))
+    # d64's 192-row blocks: 43 a (batch, head) at S = 8192, 2,752 items = 20.85 waves
+    assert tm.full_over_ideal("fwd", 64, 8192, 132) == pytest.approx(21 / (2752 / 132))
+    assert tm.full_over_ideal("fwd", 128, 1024, 128) == 1.0  # 2,048 = 16 x 128

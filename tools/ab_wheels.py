@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 VARLEN_SEQS = 16  # the varlen row's sequences, as tools/bench.py's (sizes.varlen["n"])
@@ -208,38 +209,78 @@ def child_code(configs, op: str, tokens: int, calls: int = 0, mark: bool = False
             f"TOOLS = {str(pathlib.Path(__file__).resolve().parent)!r}\n" + CHILD)
 
 
+# A line of the child's stderr that says it crashed (printed where the Python that ncu
+# profiles dies; ncu itself then stayed until the process bound killed it, 130 s for a
+# round of 10 configs, in docs/benchmarks.md sections (50)-(54)): the group is given
+# CRASH_GRACE_S to end by itself, then killed.
+CRASH_MARK = "Segmentation fault"
+CRASH_GRACE_S = 10.0
+
+
 def run_child(code: str, env: dict[str, str], label: str, timeout: float | None = None,
               prefix: tuple[str, ...] = ()) -> dict[str, tuple[float, float]]:
     """Runs child_code's program (under the command `prefix`, e.g. ncu's); its {config:
-    (TFLOP/s, error)}, or {} where it failed or ran past `timeout` seconds. Then its whole
-    process group is killed, and its last progress line (PROGRESS) printed: a kernel that
-    never ends holds its process, and without a bound the whole comparison, forever.
-    Where only ncu was killed (the direct child), the Python process it profiled could
-    run on, and the next process under ncu, normally ~10 s, made no progress in 70 s
-    (docs/benchmarks.md, 2026-11-28 (41))."""
+    (TFLOP/s, error)}, or {} where it failed, crashed (CRASH_MARK) or ran past `timeout`
+    seconds. Then its whole process group is killed, and its last progress line
+    (PROGRESS) printed: a kernel that never ends holds its process, and without a bound
+    the whole comparison, forever. Where only ncu was killed (the direct child), the
+    Python process it profiled could run on, and the next process under ncu, normally
+    ~10 s, made no progress in 70 s (docs/benchmarks.md, 2026-11-28 (41))."""
     proc = subprocess.Popen([*prefix, sys.executable, "-c", code], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
+    out: list[str] = []
+    err: list[str] = []
+    crashed = threading.Event()
+
+    def drain(pipe, lines: list[str], watch: bool) -> None:
+        for line in pipe:
+            lines.append(line)
+            if watch and CRASH_MARK in line:
+                crashed.set()
+
+    readers = [threading.Thread(target=drain, args=(proc.stdout, out, False), daemon=True),
+               threading.Thread(target=drain, args=(proc.stderr, err, True), daemon=True)]
+    for r in readers:
+        r.start()
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
+    why = ""
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        try:  # (a process inside a driver call may take a while to die)
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            out, err = "", ""
-        got = [line for line in out.splitlines() if line.startswith(PROGRESS)]
-        where = got[-1][len(PROGRESS):] if got else "before its first config started"
-        print(f"ab_wheels: {label} killed after {timeout:g} s (a kernel that never ends?); "
-              f"its last progress: {where}\n{err[-2000:]}", file=sys.stderr, flush=True)
-        return {}
+        while any(r.is_alive() for r in readers):  # (both pipes' ends: communicate's wait)
+            now = time.monotonic()
+            if crashed.is_set() and not why:
+                why = "crashed"
+                grace = now + CRASH_GRACE_S
+                deadline = grace if deadline is None else min(deadline, grace)
+            if deadline is not None and now >= deadline:
+                break
+            time.sleep(0.05)
     except BaseException:  # (e.g. ^C: the group goes with this process)
         os.killpg(proc.pid, signal.SIGKILL)
         raise
-    for line in out.splitlines():
+    if any(r.is_alive() for r in readers):
+        os.killpg(proc.pid, signal.SIGKILL)
+        try:  # (a process inside a driver call may take a while to die)
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        for r in readers:
+            r.join(timeout=5)
+        got = [line for line in out if line.startswith(PROGRESS)]
+        where = (got[-1][len(PROGRESS):].rstrip("\n") if got
+                 else "before its first config started")
+        what = (f"crashed ({CRASH_MARK}) and was killed after {time.monotonic() - started:.0f} s"
+                if why else f"killed after {timeout:g} s (a kernel that never ends?)")
+        print(f"ab_wheels: {label} {what}; its last progress: {where}\n"
+              f"{''.join(err)[-2000:]}", file=sys.stderr, flush=True)
+        return {}
+    proc.wait()
+    for line in out:
         if line.startswith("RESULT "):
             return {k: tuple(v) for k, v in json.loads(line[7:]).items()}
-    print(f"ab_wheels: {label} failed\n{out[-2000:]}{err[-3000:]}", file=sys.stderr)
+    print(f"ab_wheels: {label} failed\n{''.join(out)[-2000:]}{''.join(err)[-3000:]}",
+          file=sys.stderr)
     return {}
 
 
