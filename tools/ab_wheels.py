@@ -39,6 +39,7 @@ import argparse
 import csv
 import itertools
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -244,16 +245,15 @@ def run_child(code: str, env: dict[str, str], label: str, timeout: float | None 
     for r in readers:
         r.start()
     started = time.monotonic()
-    deadline = None if timeout is None else started + timeout
-    why = ""
+    deadline = math.inf if timeout is None else started + timeout
+    crash_seen = False
     try:
         while any(r.is_alive() for r in readers):  # (both pipes' ends: communicate's wait)
             now = time.monotonic()
-            if crashed.is_set() and not why:
-                why = "crashed"
-                grace = now + CRASH_GRACE_S
-                deadline = grace if deadline is None else min(deadline, grace)
-            if deadline is not None and now >= deadline:
+            if crashed.is_set() and not crash_seen:
+                crash_seen = True
+                deadline = min(deadline, now + CRASH_GRACE_S)
+            if now >= deadline:
                 break
             time.sleep(0.05)
     except BaseException:  # (e.g. ^C: the group goes with this process)
@@ -271,7 +271,7 @@ def run_child(code: str, env: dict[str, str], label: str, timeout: float | None 
         where = (got[-1][len(PROGRESS):].rstrip("\n") if got
                  else "before its first config started")
         what = (f"crashed ({CRASH_MARK}) and was killed after {time.monotonic() - started:.0f} s"
-                if why else f"killed after {timeout:g} s (a kernel that never ends?)")
+                if crash_seen else f"killed after {timeout:g} s (a kernel that never ends?)")
         print(f"ab_wheels: {label} {what}; its last progress: {where}\n"
               f"{''.join(err)[-2000:]}", file=sys.stderr, flush=True)
         return {}
