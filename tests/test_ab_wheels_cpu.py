@@ -3,6 +3,8 @@ import json
 import math
 import os
 import pathlib
+import signal
+import subprocess
 import sys
 import time
 
@@ -288,3 +290,30 @@ def test_a_process_that_ends_by_itself_after_a_crash_line_is_read_as_usual():
             "print('RESULT {\"bf16 d128 S512 full\": [1.0, 0.0]}', flush=True)")
     assert ab.run_child(code, dict(os.environ), "w", timeout=30.0) == {
         "bf16 d128 S512 full": (1.0, 0.0)}
+
+
+@pytest.mark.parametrize("ignores, ends_on", [((), "SIGINT"), (("SIGINT",), "SIGTERM"),
+                                              (("SIGINT", "SIGTERM"), "SIGKILL")])
+def test_a_group_is_stopped_by_sigint_first_then_sigterm_then_sigkill(tmp_path, ignores,
+                                                                      ends_on):
+    """stop_group asks first (ncu cleans up on SIGINT: the GPU's clocks come back), and
+    kills only a group that stays past each signal's grace."""
+    ready = tmp_path / "ready"
+    code = ("import pathlib, signal, sys, time\n"
+            "for name in sys.argv[1:]:\n"
+            "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
+            f"pathlib.Path({str(ready)!r}).touch()\n"
+            "time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, *ignores], start_new_session=True)
+    while not ready.exists():
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    ab.stop_group(proc, grace=1.0)
+    assert proc.returncode == -getattr(signal, ends_on)
+    assert time.monotonic() - t0 < 1.0 * len(ignores) + 1.0
+
+
+def test_stopping_a_group_that_has_ended_is_no_error():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    proc.wait()
+    ab.stop_group(proc, grace=0.1)

@@ -84,3 +84,19 @@ def test_sampler_without_nvidia_smi():
         pass
     assert sampler.summary() is None
     assert "not sampled" in gpu_state.summary_line(sampler.summary())
+
+
+LOCKED = "1500, 1980, 230.00, 700.00, 47, 0x0000000000000000"
+
+
+def test_a_clock_held_below_its_maximum_without_a_reason_reads_as_locked():
+    """Every busy sample at one clock below the maximum, no reason given (what ncu's
+    --clock-control base left behind): flagged, since the run is not the GPU's normal
+    state; a GPU at its maximum throughout, or held down by a reason, is not."""
+    s = gpu_state.summarize([gpu_state.parse(x) for x in (IDLE, LOCKED, LOCKED, LOCKED)])
+    assert s["locked_sm_mhz"] == 1500.0
+    assert "CLOCK LOCKED at 1500 MHz" in gpu_state.summary_line(s)
+    for lines in ((BUSY,) * 3, (CAPPED,) * 3, (LOCKED, LOCKED), (LOCKED, LOCKED, BUSY)):
+        s = gpu_state.summarize([gpu_state.parse(x) for x in lines])
+        assert s["locked_sm_mhz"] is None
+        assert "LOCKED" not in gpu_state.summary_line(s)

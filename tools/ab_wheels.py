@@ -32,6 +32,9 @@ call's time is the sum of its kernels', and the figure the median of the calls a
 first. On the noisy H100s of
 docs/benchmarks.md section (37), calls of one process read within 0.3 % of each other
 this way, processes within about 2.5 %, where boosted wall-clock rounds spread 5-10 %.
+ncu leaves the GPU at that base clock after it exits (an H200: 1500 MHz while idle, where
+it reads 345 before ncu, and tools/bench.py after it ran at 1500 MHz throughout;
+docs/benchmarks.md 2026-12-02 (55)): on a machine, run bench.py before any --ncu run.
 """
 from __future__ import annotations
 
@@ -216,6 +219,31 @@ def child_code(configs, op: str, tokens: int, calls: int = 0, mark: bool = False
 # CRASH_GRACE_S to end by itself, then killed.
 CRASH_MARK = "Segmentation fault"
 CRASH_GRACE_S = 10.0
+# How a process group is stopped: SIGINT first (ncu's own cleanup and exit: its output
+# flushed, its hold on the GPU let go), then SIGTERM, then SIGKILL, each STOP_GRACE_S
+# after the one before (SIGKILL alone gave ncu no chance to clean up).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+STOP_GRACE_S = 10.0
+
+
+def stop_group(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
+    """Stops proc's process group: STOP_SIGNALS in turn until proc (ncu, where it profiles)
+    has ended, then SIGKILL for what is left of the group (a Python stuck in a driver
+    call, which no other signal ends)."""
+    for sig in STOP_SIGNALS:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # (the whole group has ended)
+            return
+        try:
+            proc.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def run_child(code: str, env: dict[str, str], label: str, timeout: float | None = None,
@@ -257,14 +285,10 @@ def run_child(code: str, env: dict[str, str], label: str, timeout: float | None 
                 break
             time.sleep(0.05)
     except BaseException:  # (e.g. ^C: the group goes with this process)
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         raise
     if any(r.is_alive() for r in readers):
-        os.killpg(proc.pid, signal.SIGKILL)
-        try:  # (a process inside a driver call may take a while to die)
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
+        stop_group(proc)  # (a process inside a driver call may take a while to die)
         for r in readers:
             r.join(timeout=5)
         got = [line for line in out if line.startswith(PROGRESS)]

@@ -87,9 +87,15 @@ def summarize(samples: list[dict]) -> dict:
             if share:
                 reasons[name] = share
     last = samples[-1] if samples else {}
+    sm = _spread([s["sm_mhz"] for s in busy])
+    top = last.get("max_sm_mhz")
+    # One clock below the maximum in every busy sample with no reason given: a clock set
+    # from outside, e.g. left by `ncu --clock-control base` (docs/benchmarks.md
+    # 2026-12-02 (55): 1500 MHz throughout, max 1980, after ncu had run on the machine).
+    locked = (sm["median"] if sm and top and len(busy) >= 3 and sm["min"] == sm["max"] < top
+              and not reasons else None)
     return {"samples": len(samples), "busy_samples": len(busy),
-            "sm_mhz": _spread([s["sm_mhz"] for s in busy]),
-            "max_sm_mhz": last.get("max_sm_mhz"),
+            "sm_mhz": sm, "max_sm_mhz": top, "locked_sm_mhz": locked,
             "power_w": _spread([s["power_w"] for s in busy]),
             "power_limit_w": last.get("power_limit_w"),
             "temp_c": _spread([s["temp_c"] for s in busy]),
@@ -121,8 +127,11 @@ def summary_line(summary: dict | None) -> str:
         parts.append(f"{tc['median']:.0f} C median (up to {tc['max']:.0f})")
     reasons = ", ".join(f"{name} {100 * share:.0f} %"
                         for name, share in summary["reasons"].items())
+    locked = summary.get("locked_sm_mhz")
     return (head + ": " + ", ".join(parts) +
-            f"; clock event reasons: {reasons or 'none'}")
+            f"; clock event reasons: {reasons or 'none'}" +
+            (f"; CLOCK LOCKED at {locked:.0f} MHz (set from outside, e.g. left by ncu's "
+             "--clock-control base: not this GPU's normal state)" if locked else ""))
 
 
 class Sampler:

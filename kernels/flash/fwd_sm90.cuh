@@ -1026,7 +1026,10 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
       // there having taken the item's turns up to the last tile's and not that one (an
       // empty turn first would wait for a later warpgroup's turn, which waits at the
       // zeroing's barrier for this one: the ring hung so where the last warpgroup had no
-      // rows of a short last row block).
+      // rows of a short last row block). The empty turns stay: a walk ring that took only
+      // the turns with work (each handed to the warpgroup with the next) ran 0.875-0.987x
+      // at every row it changed (H200, kernel time at the base clock: fp8 d128 causal S =
+      // 512 0.875, bf16 d64 causal 512 0.909; docs/benchmarks.md 2026-12-02 (55)).
       zero_v_tail(j);
       if constexpr (kRing) {  // the tile's turn, empty
         my_turn();
