@@ -237,7 +237,7 @@ def _flash_fwd_sm90_variants():
         # flash_fwd_tma_m192: 192-row blocks), the launcher choosing by the mask and the
         # sequence length (sm90_tiles.h, wide_d64); paged K/V in an instance of its own
         # (op flash_fwd_tma_paged; fwd_sm90.cuh, kPaged); at d64 and d128 also the
-        # persistent walks (ops ..._walk; fwd_sm90.cuh, kWalk), which the launcher takes
+        # persistent walks (ops ..._walk; fwd_sm90_walk.cuh, kWalk), which the launcher takes
         # on the shapes where they measured faster (none at d256: sm90_tiles.h, has_walk)
         shapes = [("flash_fwd_tma", 2, ""), ("flash_fwd_tma_paged", 2, "_paged")]
         shapes += [("flash_fwd_tma_m192", 3, "_m192")] if hi == 64 else []

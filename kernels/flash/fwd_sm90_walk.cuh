@@ -10,19 +10,19 @@
 // block an item instances ran 3-6 % slower at d128 and d256 (H100, the same run; ptxas
 // kept the item's coordinates out of uniform registers and scheduled the tile loop
 // differently), so those keep their code unchanged and this one carries the walk. What
-// a consumer does with an item is written once (fwd_sm90.cuh, consume_item), with both
-// kernels' machine code unchanged.
+// a consumer does with an item is written once (fwd_sm90_consumer.cuh, consume_item),
+// with both kernels' machine code unchanged.
 // The launcher (launch.cc, sm90_tiles.h walks) takes it at d64 and d128 (fp8 up to 2048
 // query rows), not paged.
 #pragma once
-#include "flash/fwd_sm90.cuh"
+#include "flash/fwd_sm90_consumer.cuh"
 
 namespace xla_attn {
 
 template <typename T, int D, int kWgs>
 __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   using namespace flash_sm90;
-  using Tiles = FwdBlockTiles<T, D, kWgs>;  // shapes, rings, layout, producer (fwd_sm90.cuh)
+  using Tiles = FwdBlockTiles<T, D, kWgs>;  // shapes, rings, layout, producer (fwd_sm90_producer.cuh)
   constexpr int kBlockN = Tiles::kBlockN, kEB = Tiles::kEB, kConsumers = Tiles::kConsumers;
   constexpr bool kFp8 = Tiles::kFp8;
   static_assert(!kFp8 || ((D == 64 || D == 128) && kWgs == kFp8Wgs),
@@ -218,7 +218,7 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
         const int qb = qi % kQBufs;
         if (work) {  // published by q_full's arrival (a release)
           if constexpr (kPassesTiles) {
-            // warpgroup_tiles (fwd_sm90.cuh) from the item's key range: a warpgroup's
+            // warpgroup_tiles (fwd_sm90_tile.cuh) from the item's key range: a warpgroup's
             // last key is its last row's (the block's first key is its first row's);
             // a count past the tiles its rows see is safe (they are masked). In the
             // copying thread's registers (fp8: 32) warpgroup_tiles itself spilled 44

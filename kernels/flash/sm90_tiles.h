@@ -22,7 +22,7 @@ constexpr int kBlockM = block_m(kConsumerWarpgroups);
 // TFLOP/s at 16384), causal +1 to +11 % from S = 2048 on, but causal S = 512 / 1024 -15 /
 // -13 % (117 / 176 against 138 / 203: 192-row blocks carry more masked tiles and there
 // are fewer of them). Since a warpgroup passes the tiles none of its rows sees
-// (fwd_sm90.cuh, warpgroup_tiles; 2026-11-26, H100, same run, 3 rounds): causal S = 1024
+// (fwd_sm90_tile.cuh, warpgroup_tiles; 2026-11-26, H100, same run, 3 rounds): causal S = 1024
 // on three 275-284 against two 267-272, S = 512 187-192 against 191-195. So: three
 // unless the mask has a right edge (causal is a window with right = 0) and the longest
 // sequence has at most kWideMaxMaskedRows queries. With the partial row block first
@@ -44,7 +44,7 @@ XLA_ATTN_HOST_DEVICE constexpr bool wide_d64(int window_right, int max_seqlen_q)
 // 32 / 240 (a share from 65536 instead of the starting 64512) hung its block (H100). A
 // consumer holds S (block_n / 2 f32), O (D / 2 f32) and P (block_n / 4 b32, fp8 / 8): d64
 // 64 + 32 + 32, d128 64 + 64 + 32, 16-bit d256 32 + 128 + 16, fp8 d256 64 + 128 + 16.
-// fp8: the producer also transposes V (fwd_sm90.cuh, transpose_v_e4m3), a 16-key x
+// fp8: the producer also transposes V (fwd_sm90_producer.cuh, transpose_v_e4m3), a 16-key x
 // 32-dim block a warp step, in 40 beside two consumers (232: at 56 / 224 they spilled
 // 300 bytes), in 24 at d256 (its consumers need 240, below: the producer spills nothing
 // more at 24 than at 32); beside three consumers in 32 (consumers 160: at 152 ptxas
@@ -76,7 +76,7 @@ static_assert(consumer_regs(2, 24) == 240 && consumer_regs(2, 40) == 232 &&
 // 2048 / 8192 +0.5 / +3 / +9 %. Paged fp8 keeps two (its kPaged instance, two consumers).
 constexpr int kFp8Wgs = 3;
 
-// FA3's intra-warpgroup overlap (fwd_sm90.cuh): a consumer issues S_j beside P_{j-1}
+// FA3's intra-warpgroup overlap (fwd_sm90_consumer.cuh): a consumer issues S_j beside P_{j-1}
 // V_{j-1} and runs softmax_j while the latter is in flight, so that S (block_n / 2 f32),
 // O (D / 2) and P (block_n / 4, fp8 / 8) are all held by products in flight at once. Three
 // fp8 d128 consumers cannot (160 registers: ptxas serialized every wgmma, C7512, also with
@@ -95,7 +95,7 @@ XLA_ATTN_HOST_DEVICE constexpr bool overlaps_products(int wgs, int eb, int d, bo
 }
 
 // A tile's softmax after an item's first against the running max as it stands, without
-// the max pass (fwd_sm90.cuh, softmax_at_running_max; S is computed again where an
+// the max pass (fwd_sm90_tile.cuh, softmax_at_running_max; S is computed again where an
 // exponent may pass the bound), where the softmax weighs against the products: fp8 and
 // 16-bit up to d128. Against the max pass, same run, best of 2 (an H200; fp8 also an
 // H100): fp8 d128 S = 512 -1.5 %, 2048 +2-3 %, 8192 / 16384 +5-7 %; bf16 d64 S = 512 +5.5
@@ -105,7 +105,7 @@ XLA_ATTN_HOST_DEVICE constexpr bool at_running_max(int d, int eb) { return eb ==
 
 // An item's first P V writes O (wgmma's scale-d off) instead of adding into an O zeroed
 // at the item's start (~95 instructions a warp an item: CS2R / MOV into O's registers), at
-// d128, 16-bit and fp8 (fwd_sm90.cuh, issue_pv_on). H200, kernel time at the base clock,
+// d128, 16-bit and fp8 (fwd_sm90_tile.cuh, issue_pv_on). H200, kernel time at the base clock,
 // two rounds, against the zeroing: bf16 d128 full S = 512 / 1024 / 8192 +1.3 / +1.0 /
 // +0.1 %, causal 512 +0.8 %, varlen +0.8 %, fp8 d128 causal 1024 +2.2 % (8192 full, one
 // round: 1.000); d64 full 1024 / 4096 -0.7 / -0.5 %, causal 512 -0.5 % and d256 full 512
@@ -166,7 +166,7 @@ XLA_ATTN_HOST_DEVICE constexpr bool ping_pong(int wgs, int eb, int d) {
   return wgs == 2 && (eb == 2 || d > 128);
 }
 
-// Three consumer warpgroups take turns in a ring (fwd_sm90.cuh: tiles_in_turn where each
+// Three consumer warpgroups take turns in a ring (fwd_sm90_tile.cuh: tiles_in_turn where each
 // runs its tiles in turn, i.e. fp8 d128 and fp8 d64's walk; consume_item's overlapped
 // tiles at 16-bit d64), so that one warpgroup's products run while the other two compute
 // their softmaxes, rather than all three leaving the tensor cores to the warp
@@ -214,7 +214,7 @@ XLA_ATTN_HOST_DEVICE constexpr int rows_end(int m0, int num_q, int block_m) {
 }
 
 // The walk's copying thread of a warpgroup waits for the copy engine's read of its O
-// rows (fwd_sm90.cuh, write_o_rows) in the next item, behind that item's first product,
+// rows (fwd_sm90_tile.cuh, write_o_rows) in the next item, behind that item's first product,
 // rather than at the item's end, where the wait held its warp and so the warpgroup's
 // next products (fwd_sm90_walk.cuh, settle_o_store). H100, same run, medians of 3 rounds,
 // against waiting at the item's end: 16-bit d128 (ping-pong) full S = 512 / 1024 +2.3 /
@@ -261,7 +261,7 @@ XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int d, int eb, bool vt_given) {
 constexpr int kProducerBarrier = 5;
 constexpr int kTurnBarrier = 6;
 // kVoteBarrier + wg each consumer warpgroup's vote on its softmax at the running max
-// (fwd_sm90.cuh, softmax_at_running_max).
+// (fwd_sm90_tile.cuh, softmax_at_running_max).
 constexpr int kVoteBarrier = 9;
 static_assert(2 + 3 <= kProducerBarrier && kTurnBarrier + 3 <= kVoteBarrier &&
                   kVoteBarrier + 3 <= 16,
@@ -311,7 +311,7 @@ XLA_ATTN_HOST_DEVICE constexpr int layout_bytes(int d, int wgs, int eb, int q_bu
          vt_stages(d, eb, vt_given) * vt_bytes(d, eb) + barrier_bytes(eb) + valid_bytes(d, eb);
 }
 // A block walks several (row block, head, sequence) items where the grid would take
-// more than one wave (a persistent grid, fwd_sm90.cuh): with more than one Q buffer the
+// more than one wave (a persistent grid, fwd_sm90_walk.cuh): with more than one Q buffer the
 // producer copies the next item's Q while the consumers still stage the current item's O
 // in theirs. The producer copies item i + 1's Q once it has copied item i's last K / V
 // tile and item i + 1 - buffers has been written out: with two buffers, item i - 1, so
@@ -394,7 +394,7 @@ constexpr int kTargetBlocks = 132;
 // workspace), items i + gridDim.x, i + 2 gridDim.x, ...
 // o_map (16-bit only, where o_by_copy: out 16-byte aligned) views the output as Q's map
 // does, in boxes of 64 rows: a consumer warpgroup's rows of O, staged in its rows of the
-// Q buffer, go out by bulk tensor stores (fwd_sm90.cuh, write_o_rows).
+// Q buffer, go out by bulk tensor stores (fwd_sm90_tile.cuh, write_o_rows).
 constexpr int kOStoreRows = 64;  // a consumer warpgroup's rows
 // vt_map (fp8, the instance for V given transposed: vt_given below): V^T as
 // flash_fwd_vt_pack wrote it into the workspace at vt, read in boxes of 128 keys x D rows
