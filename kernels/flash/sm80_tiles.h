@@ -124,7 +124,7 @@ XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
 // that one warp-wide red covers whole lines: a chunk is 16 rows x 32 columns of one
 // head (a warp's m16 x 4 n8 tiles), 512 floats, element (j, hf, e) of lane l (row
 // 8 hf + l / 4, column 8 j + 2 (l % 4) + e) at (4 j + 2 hf + e) * 32 + l, on sm_90 at
-// 128 j + 4 l + 2 hf + e (red.global.add.v4.f32; bwd_sm80.cuh, acc_offset). In the
+// 128 j + 4 l + 2 hf + e (red.global.add.v4.f32; bwd_sm80_tile.cuh, acc_offset). In the
 // row-major layout a red touched 8 rows' sectors, each for 4 floats: ncu (d128, B=4,
 // S=4096, H=16) showed that dk/dv kernel L2-bound (83 % throughput, 10.1 ms).
 // Chunks go [head][row chunk][column chunk]; sequence b's rows start at row chunk
