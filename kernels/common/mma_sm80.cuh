@@ -26,7 +26,7 @@
 // ({r0, r1} for cols 0-7, {r2, r3} for cols 8-15). B operands of a K-major tile read as
 // stored take row (l & 7) + 8 (l >> 4), column block (l >> 3) & 1 instead, giving
 // {r0, r1} = the B fragment of rows 0-7 and {r2, r3} that of rows 8-15 (LdsmLane in
-// flash/fwd_sm80.cuh).
+// flash/fwd_sm80_tile.cuh).
 #pragma once
 #include "common/vec.cuh"
 
