@@ -90,8 +90,11 @@ def test_against_marks_same_changed_and_new_kernels():
     assert sr.against_mark("kern_a", respaced["kern_a"], before) == "="
     changed = list(before["kern_a"])
     changed[2] = "MUFU.RCP R3, R3"
-    assert sr.against_mark("kern_a", changed, before) == "~"
-    assert sr.against_mark("kern_b", before["kern_b"][:1], before) == "~"  # one fewer
+    # changed, the opcode sequence alike (MUFU either way): "~1.00"; one instruction of
+    # kern_b's two left: 2 x 1 matched / 3 = "~0.67"
+    assert sr.against_mark("kern_a", changed, before) == "~1.00"
+    n = len(before["kern_b"])
+    assert sr.against_mark("kern_b", before["kern_b"][:1], before) == f"~{2 / (n + 1):.2f}"
     assert sr.against_mark("kern_c", before["kern_b"], before) == "+"
     assert sr.against_mark("kern_a", before["kern_a"], None) == ""
 

@@ -11,7 +11,12 @@ loads and stores (all, and those between the first and last wgmma), and block ba
 With --against (a --dump of an earlier build, e.g. of main before a change), also whether
 each kernel's machine code is the same as there: "=" the same instructions, "~" changed,
 "+" not in that dump. A change meant for some kernels should leave the others "=", and a
-timing taken before a comment-only edit still holds where every kernel is "=".
+timing taken before a comment-only edit still holds where every kernel is "=". A changed
+kernel's mark carries how alike its opcode sequence is to the dump's (difflib's ratio, 1.00
+the same opcodes in the same order; registers and operands aside): ptxas schedules a kernel
+as a whole, so a branch added outside its tile loop can move the loop too. The d128 walk
+with a pass added inline read 0.71, with the same pass out of line (__noinline__) 0.92
+(docs/benchmarks.md 2026-12-02 (55)).
 Below the table: ptxas's warnings and its wgmma notes (ptxas_notes), e.g. products it
 serialized, which the build refuses.
 
@@ -29,6 +34,7 @@ nvidia-cuda-nvdisasm`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import pathlib
 import re
@@ -134,14 +140,24 @@ def same_code(a: list[str], b: list[str]) -> bool:
     return len(a) == len(b) and all(x.split() == y.split() for x, y in zip(a, b))
 
 
+def opcode_likeness(a: list[str], b: list[str]) -> float:
+    """How alike two kernels' opcode sequences are: difflib's ratio (2 x matched / total),
+    operands and predicates aside."""
+    return difflib.SequenceMatcher(None, [opcode(x) for x in a], [opcode(x) for x in b],
+                                   autojunk=False).ratio()
+
+
 def against_mark(name: str, ins: list[str], before: dict[str, list[str]] | None) -> str:
     """"=" where `before` (kernels_of an earlier dump) has the kernel with the same code,
-    "~" where its code differs, "+" where it has no such kernel; "" without a dump."""
+    "~R" where its code differs (R: opcode_likeness, two decimals), "+" where it has no
+    such kernel; "" without a dump."""
     if before is None:
         return ""
     if name not in before:
         return "+"
-    return "=" if same_code(ins, before[name]) else "~"
+    if same_code(ins, before[name]):
+        return "="
+    return f"~{opcode_likeness(ins, before[name]):.2f}"
 
 
 def require_module(parser: argparse.ArgumentParser, module: str, what: str = "module") -> None:
