@@ -296,8 +296,8 @@ def test_a_process_that_ends_by_itself_after_a_crash_line_is_read_as_usual():
                                               (("SIGINT", "SIGTERM"), "SIGKILL")])
 def test_a_group_is_stopped_by_sigint_first_then_sigterm_then_sigkill(tmp_path, ignores,
                                                                       ends_on):
-    """stop_group asks first (ncu cleans up on SIGINT: the GPU's clocks come back), and
-    kills only a group that stays past each signal's grace."""
+    """stop_group asks first (SIGINT: ncu's own cleanup and exit), and kills only a group
+    that stays past each signal's grace."""
     ready = tmp_path / "ready"
     code = ("import pathlib, signal, sys, time\n"
             "for name in sys.argv[1:]:\n"

@@ -24,6 +24,16 @@ def value(row: dict, impl: str) -> float | None:
     return cell.get("value") if cell.get("status") == "ok" else None
 
 
+def row_key(params: dict) -> tuple[int, str]:
+    """A dense row's table row: (head_dim, 'full' | 'causal')."""
+    return params["head_dim"], "causal" if params["causal"] else "full"
+
+
+def in_table_order(table: dict) -> list:
+    """A table's (row_key, cells) items by head dim, full before causal."""
+    return sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1] != "full"))
+
+
 def dense_ratios(rows: list[dict]) -> dict:
     """{(head_dim, 'full' | 'causal'): {seqlen: [fwd, fwd+bwd]}}: ours / the faster cuDNN
     (None where a figure is missing)."""
@@ -35,8 +45,7 @@ def dense_ratios(rows: list[dict]) -> dict:
         ours = value(row, "ours")
         peers = [v for v in (value(row, k) for k in CUDNN_PEERS) if v]
         ratio = ours / max(peers) if ours and peers else None
-        cell = table.setdefault((p["head_dim"], "causal" if p["causal"] else "full"),
-                                {}).setdefault(p["seqlen"], [None, None])
+        cell = table.setdefault(row_key(p), {}).setdefault(p["seqlen"], [None, None])
         cell[1 if p["mode"] == "fwd+bwd" else 0] = ratio
     return table
 
@@ -50,8 +59,7 @@ def fp8_ratios(rows: list[dict]) -> dict:
             continue
         ours, fp8 = value(row, "ours"), value(row, "ours-fp8")
         if ours and fp8:
-            table.setdefault((p["head_dim"], "causal" if p["causal"] else "full"),
-                             {})[p["seqlen"]] = fp8 / ours
+            table.setdefault(row_key(p), {})[p["seqlen"]] = fp8 / ours
     return table
 
 
@@ -68,13 +76,13 @@ def markdown(bench: dict) -> str:
         out.append("| row | " + " | ".join(f"S={s}" if i == 0 else str(s)
                                            for i, s in enumerate(lengths)) + " |")
         out.append("|---|" + "---|" * len(lengths))
-        for (d, mask), cells in sorted(dense.items(), key=lambda kv: (kv[0][0], kv[0][1] != "full")):
+        for (d, mask), cells in in_table_order(dense):
             out.append(f"| d{d} {mask} | " + " | ".join(
                 " / ".join(_fmt(x) for x in cells.get(s, [None, None])) for s in lengths) + " |")
     fp8 = fp8_ratios(rows)
     if fp8:
         out.append("")
-        for (d, mask), cells in sorted(fp8.items(), key=lambda kv: (kv[0][0], kv[0][1] != "full")):
+        for (d, mask), cells in in_table_order(fp8):
             out.append(f"- fp8 / our bf16, d{d} {mask}: " + ", ".join(
                 f"S={s} {cells[s]:.2f}" for s in sorted(cells)))
     varlen = [r for r in rows if r.get("kind") == "varlen"]
