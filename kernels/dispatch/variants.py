@@ -225,8 +225,8 @@ SM90_HEAD_BUCKETS = ((33, 64), (65, 128), (129, 256))
 
 def _flash_fwd_sm90_variants():
     # The Hopper forward (kernels/flash/fwd_sm90.cuh), f16 and bf16: 2 x 3, + 2 at d64
-    # (three consumers), + 2 x 3 for paged K/V, + 2 x 3 persistent walks (d64 with two
-    # and three consumers, d128). Its own ops (flash_fwd_tma...), because
+    # (three consumers), + 2 x 3 for paged K/V, + 2 x 4 persistent walks (d64 with two
+    # and three consumers, d128 and its rowless-pass instance). Its own ops (flash_fwd_tma...), because
     # it takes its own args (the tensor maps) and only part of flash_fwd's calls (not
     # split, head_dim % 8 == 0, aligned tensors, paged only with 8-row page boxes): the
     # launcher tries it first where those hold and the device is sm_90, and otherwise
@@ -243,13 +243,19 @@ def _flash_fwd_sm90_variants():
         shapes += [("flash_fwd_tma_m192", 3, "_m192")] if hi == 64 else []
         shapes += [(op + "_walk", wgs, sfx + "_walk") for op, wgs, sfx in shapes
                    if hi <= 128 and sfx != "_paged"]
+        # d128's walk also in an instance whose rowless warpgroup passes its tiles (op
+        # flash_fwd_tma_walk_rowless; fwd_sm90_walk.cuh, kPassRowless), for the calls where
+        # a sequence's last row block may end in its first half (sm90_tiles.h,
+        # passes_rowless)
+        shapes += [("flash_fwd_tma_walk_rowless", 2, "_walk_rowless")] if hi == 128 else []
         for op, wgs, suffix in shapes:
-            paged, walk = suffix == "_paged", suffix.endswith("_walk")
+            paged, walk = suffix == "_paged", "_walk" in suffix
+            rowless = ", true" if suffix.endswith("_rowless") else ""
             yield Variant(
                 op=op, family="sm90", module="flash_fwd_sm90_walk" if walk else "flash_fwd_sm90",
                 kernel=f"xla_attn_flash_fwd_sm90_{dt}_d{hi}{suffix}",
-                template=(f"xla_attn::flash_fwd_sm90_walk<{DTYPES[dt][1]}, {hi}, {wgs}>" if walk
-                          else f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}, {wgs}"
+                template=(f"xla_attn::flash_fwd_sm90_walk<{DTYPES[dt][1]}, {hi}, {wgs}{rowless}>"
+                          if walk else f"xla_attn::flash_fwd_sm90<{DTYPES[dt][1]}, {hi}, {wgs}"
                           + (", true>" if paged else ">")),
                 params="xla_attn::flash_sm90::Args", dtype0=dt, dtype1=dt, head_dim_min=lo,
                 head_dim_max=hi, features=features if paged else features & ~FEATURES["paged"],

@@ -154,16 +154,7 @@ __device__ __forceinline__ void consume_item(const Args& a, const FwdBlock& blk,
     if (!kFp8 && n0 + kBlockN > n_hi) {
       const uint32_t tV = sV + st * kKVBytes;
       sm90::mbar_wait(bar(kFullV, st), v_phase_of(j));
-      const int have = n_hi - n0;
-      for (int c = tid; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
-        if ((c / (kRowBytes / 16)) % kBlockN >= have) {
-          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
-                       "r"(0u)
-                       : "memory");
-        }
-      }
-      sm90::fence_proxy_async_shared();
-      sm90::named_barrier_unaligned(1, kConsumers);  // reached from two loops
+      zero_v_rows_past<kColBlocks, kBlockN, kConsumers>(tV, n_hi - n0, tid);
     }
   };
   // Tile j's P V operand, V_j (fp8: its V^T tile), waited for; its shared address

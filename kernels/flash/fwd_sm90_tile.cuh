@@ -69,6 +69,24 @@ __device__ __forceinline__ void write_o_rows(const Args& a, uint32_t sQ, int row
   }
 }
 
+// A 16-bit V tile's rows (keys) from `have` on zeroed at tV (kColBlocks column blocks
+// of kBlockN 128-byte rows), each of the kConsumers consumer threads (this one tid)
+// writing its share, then met at named barrier 1 (from two loops: computed tiles and
+// passed ones). The rows past a block's key range may hold the next sequence's keys or
+// NaN padding, and 0 x NaN is NaN in P V.
+template <int kColBlocks, int kBlockN, int kConsumers>
+__device__ __forceinline__ void zero_v_rows_past(uint32_t tV, int have, int tid) {
+  for (int c = tid; c < kColBlocks * kBlockN * (kRowBytes / 16); c += kConsumers) {
+    if ((c / (kRowBytes / 16)) % kBlockN >= have) {
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tV + 16u * uint32_t(c)),
+                   "r"(0u)
+                   : "memory");
+    }
+  }
+  sm90::fence_proxy_async_shared();
+  sm90::named_barrier_unaligned(1, kConsumers);  // reached from two loops
+}
+
 // S = Q K^T of one consumer warpgroup, issued (not waited for): D / 16 k-steps (fp8:
 // D / 32), each 32 bytes further along the 128-byte rows, the next column block every 4
 // steps; each operand's descriptor built once and advanced by adds (desc_plus). q_rows:

@@ -19,7 +19,43 @@
 
 namespace xla_attn {
 
-template <typename T, int D, int kWgs>
+// The rowless warpgroup's pass over an item's `tiles` tiles (flash_fwd_sm90_walk,
+// pass_rowless), out of line (__noinline__) so that the walk's other code, which ptxas
+// schedules as one, stays as it was: inlined, the d128 walk's tile loop was scheduled
+// anew. stage_bars: the K / V stage barriers (kind k, stage st at + 8 (k kMaxStages + st)).
+template <int kKRing, int kVRing, int kColBlocks, int kBlockN, int kConsumers>
+__device__ __noinline__ void pass_rowless_tiles(uint32_t stage_bars, uint32_t sV,
+                                                uint32_t kv_bytes, int g0, int n_lo, int n_hi,
+                                                int tiles, int ct, int my_bar, int their_bar) {
+  using namespace flash_sm90;
+  auto bar = [&](int kind, int st) { return stage_bars + 8u * uint32_t(kind * kMaxStages + st); };
+  auto parity = [](int g, int ring) { return uint32_t(g / ring) & 1u; };
+  const int lane = ct % 32;
+  for (int j = 0; j < tiles; ++j) {
+    const int g = g0 + j, sk = g % kKRing, sv = g % kVRing;
+    sm90::named_barrier(my_bar, 256);
+    sm90::named_arrive(their_bar, 256);
+    sm90::mbar_wait(bar(kFullK, sk), parity(g, kKRing));
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(bar(kEmptyK, sk));
+    sm90::mbar_wait(bar(kFullV, sv), parity(g, kVRing));
+    const int n0 = n_lo + j * kBlockN;
+    if (n0 + kBlockN > n_hi) {
+      zero_v_rows_past<kColBlocks, kBlockN, kConsumers>(sV + uint32_t(sv) * kv_bytes, n_hi - n0,
+                                                        ct);
+    }
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(bar(kEmptyV, sv));
+  }
+  if (tiles > 0) {  // the last P V's turn
+    sm90::named_barrier(my_bar, 256);
+    sm90::named_arrive(their_bar, 256);
+  }
+}
+
+// kPassRowless: the 16-bit d128 walk's instance for calls where a sequence's last row
+// block may end in its first half (sm90_tiles.h, passes_rowless; pass_rowless below).
+template <typename T, int D, int kWgs, bool kPassRowless = false>
 __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
   using namespace flash_sm90;
   using Tiles = FwdBlockTiles<T, D, kWgs>;  // shapes, rings, layout, producer (fwd_sm90_producer.cuh)
@@ -357,6 +393,26 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
           parity, my_turn, their_turn, [&] { settle_o_store(qi); });
       return kt.tiles;
     };
+    // Warpgroup 1 of an item without a row of its own (a sequence's last row block,
+    // ending in its first half; about 5 % of the varlen row's warpgroup tiles), in the
+    // kPassRowless instance (16-bit d128): it computes no tile. It settles the previous
+    // item's O store, then takes the item's tiles + 1 turns empty, in warpgroup 0's
+    // alternation, releasing each K / V stage and zeroing its share of the last V tile's
+    // rows past the keys (meeting warpgroup 0 there before the last turn, as consume_item's
+    // order has it), and writes nothing. Not in consume_item, and in an instance of its
+    // own: every change to the walk's code moved ptxas's schedule of its tile loop (section
+    // (47)'s form inside consume_item: varlen +1.6 %, d128 causal 512 -2.0 %; out of line in
+    // the one walk: varlen +1.4 %, dense d128 -0.3..-0.8 %; docs/benchmarks.md (56)).
+    static_assert(!kPassRowless || (kPingPong && D == 128 && !kFp8),
+                  "the rowless pass is the 16-bit d128 ping-pong walk's");
+    auto pass_rowless = [&](const FwdBlock& blk, int qi, int g0) {
+      const KeyTiles kt = key_tiles(blk);
+      settle_o_store(qi);
+      pass_rowless_tiles<Tiles::kKRing, Tiles::kVRing, Tiles::kColBlocks, kBlockN, kConsumers>(
+          bars + 8u * uint32_t(3 * kMaxQBuffers), sm.sV, Tiles::kKVBytes, g0, kt.n_lo, kt.n_hi,
+          kt.tiles, ct, kTurnBarrier + wg, kTurnBarrier + 1 - wg);
+      return kt.tiles;
+    };
     FwdBlock blk;
     int g0 = 0;  // tiles of the walk so far
     for (int qi = 0;; ++qi) {
@@ -376,7 +432,13 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       if (work) {
         const int own_tiles =
             kPassesTiles ? sm90::warp_uniform(wg_tiles_of(qi)[wg]) : 0;
-        g0 = sm90::warp_uniform(g0 + consume(blk, qi, qb, g0, own_tiles));
+        if constexpr (kPassRowless) {
+          const bool pass = wg == 1 && blk.m0 + 64 >= blk.s.num_q;
+          g0 = sm90::warp_uniform(
+              g0 + (pass ? pass_rowless(blk, qi, g0) : consume(blk, qi, qb, g0, own_tiles)));
+        } else {
+          g0 = sm90::warp_uniform(g0 + consume(blk, qi, qb, g0, own_tiles));
+        }
         // this warp's staging stores ordered before the copy engine's next writes to
         // the buffer (the async proxy)
         sm90::fence_proxy_async_shared();

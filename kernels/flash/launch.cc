@@ -217,8 +217,16 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
     q.op = (op = std::string("flash_fwd_tma_m192") + walk_suffix).c_str();
     v = dispatch::select(q, &unused);
   }
+  // Every sequence of max_seqlen_q rows (the dense layout): the walk's longest-first
+  // tail (below) and its instance without the rowless pass (sm90_tiles.h, passes_rowless).
+  const bool equal_lengths = !params.seqused_k &&
+                             params.total_q == int64_t(params.batch) * params.max_seqlen_q &&
+                             params.total_k == int64_t(params.batch) * params.max_seqlen_k;
+  const bool rowless = walk && !fp8 &&
+                       flash_sm90::passes_rowless(d, eb, equal_lengths, params.max_seqlen_q);
   if (!v) {
-    op = std::string(paged ? "flash_fwd_tma_paged" : "flash_fwd_tma") + walk_suffix;
+    op = std::string(paged ? "flash_fwd_tma_paged" : "flash_fwd_tma") + walk_suffix +
+         (rowless ? "_rowless" : "");
     q.op = op.c_str();
     if (!(v = dispatch::select(q, &unused))) return false;
   }
@@ -267,9 +275,6 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   // dk/dv grid and the one block an item forward keep 2 (8 there: fwd+bwd -2.5..+2 %,
   // within the forward's gain; d256 varlen forward -3..-5 %). fp8 d128 varlen (its walk)
   // +5.5 %.
-  const bool equal_lengths = !params.seqused_k &&
-                             params.total_q == int64_t(params.batch) * params.max_seqlen_q &&
-                             params.total_k == int64_t(params.batch) * params.max_seqlen_k;
   args.tail_waves = equal_lengths ? 2 : 8;
   if (walk && counter && blocks < items) {
     args.item_counter = static_cast<int*>(params.workspace);

@@ -374,6 +374,25 @@ XLA_ATTN_HOST_DEVICE constexpr bool walks(int d, int max_seqlen_q, int eb = 2) {
   return eb == 1 ? max_seqlen_q <= kWalkMaxRowsFp8 : d == 64 || d == 128;
 }
 
+// The 16-bit d128 walk's instance whose warpgroup without a row of the item passes its
+// tiles (fwd_sm90_walk.cuh, kPassRowless): where some sequence's last 128-row block may
+// end in its first half, i.e. unless every sequence has max_seqlen_q rows with
+// max_seqlen_q % 128 zero or past 64. The launcher knows that only for equal lengths
+// (the dense layout), so varlen calls take it. H200, kernel time at the base clock, two
+// rounds: the varlen row (16 causal sequences, mean 1024) +1.4 %, its lengths of seed 3
+// +0.8 %; the dense d128 rows, which never pass, ran 0.992-0.997 on it (S = 512 full /
+// causal, causal 1024, full 8192), so they keep the walk without it
+// (docs/benchmarks.md 2026-12-02 (56)).
+XLA_ATTN_HOST_DEVICE constexpr bool passes_rowless(int d, int eb, bool equal_lengths,
+                                                   int max_seqlen_q) {
+  return d == 128 && eb == 2 &&
+         (!equal_lengths || (max_seqlen_q % 128 != 0 && max_seqlen_q % 128 <= 64));
+}
+static_assert(!passes_rowless(128, 2, true, 512) && !passes_rowless(128, 2, true, 1000) &&
+                  passes_rowless(128, 2, true, 300) && passes_rowless(128, 2, false, 512) &&
+                  !passes_rowless(64, 2, false, 300) && !passes_rowless(128, 1, false, 300),
+              "passes_rowless: a last block ending in its first half, 16-bit d128 only");
+
 // Split-KV is not this family's: where the grid cannot fill the GPU by itself (one
 // block an SM, 132 SMs on an H100), the launcher takes the sm80 family, which splits.
 constexpr int kTargetBlocks = 132;
