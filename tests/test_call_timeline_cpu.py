@@ -33,3 +33,16 @@ def test_empty_or_missing_trace_is_an_error(tmp_path):
         call_timeline.summarize([], calls=3)
     with pytest.raises(RuntimeError, match="no \\*.xplane.pb"):
         call_timeline.gpu_activities(str(tmp_path))
+
+
+def test_varlen_inputs_are_the_bench_rows():
+    """--varlen packs bench.py's varlen lengths (16 sequences, 16 K tokens at seed 0) into
+    random inputs; --calls 0 is refused with the flag as without it."""
+    import bench
+    import numpy as np
+
+    fwd, (q, k, v) = call_timeline.varlen_call("ours", 64, seed=0)
+    assert q.shape == (sum(bench.varlen_lengths(16, 1024, 0)), 16, 64) == k.shape == v.shape
+    assert float(np.abs(np.asarray(q[:64], np.float32)).max()) > 0  # random, never zeros
+    with pytest.raises(SystemExit):
+        call_timeline.main(["--calls", "0", "--varlen"])

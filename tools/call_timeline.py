@@ -4,11 +4,13 @@ times it: every kernel and memset of --calls calls, read from JAX's profiler (CU
 summed per name, and the calls' period against the time the GPU was busy.
 
   python3 tools/call_timeline.py --impl ours --seqlen 512 --head-dim 128 [--causal]
-      [--op fwd|fwd_bwd] [--calls 50] [--chain 1] [--json out.json]
+      [--varlen] [--op fwd|fwd_bwd] [--calls 50] [--chain 1] [--json out.json]
 
 Shapes follow tools/bench.py's dense rows (16 K tokens, H x D = 2048, bf16). impl ours
 is xla_attn.jax.flash_attn, jax-cudnn jax.nn.dot_product_attention(implementation=
-"cudnn"). The period is the span from the first activity of the traced calls to the end
+"cudnn"). --varlen takes bench.py's varlen row instead (16 causal sequences of its
+lengths, --seed; 16 heads of --head-dim, packed): ours flash_attn_varlen, jax-cudnn the
+packed form (q_offsets / kv_offsets). The period is the span from the first activity of the traced calls to the end
 of the last, over --calls; busy is the summed activity durations over --calls; what is
 left (period - busy) is the GPU idle between activities: launch gaps and host time the
 queue did not hide (activities overlapping on several streams would count twice in busy;
@@ -76,12 +78,10 @@ def report(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def build(impl: str, op: str, seqlen: int, head_dim: int, causal: bool, chain: int = 1):
+def dense_call(impl: str, causal: bool):
+    """fwd(q, k, v) on (B, S, H, D) inputs: ours or JAX's cuDNN attention."""
     import jax
 
-    from profile_op import dense_inputs, jit_call
-
-    inputs = dense_inputs(seqlen, head_dim, jax.random.split(jax.random.key(0), 3))
     if impl == "ours":
         from xla_attn import jax as xj
 
@@ -91,6 +91,55 @@ def build(impl: str, op: str, seqlen: int, head_dim: int, causal: bool, chain: i
         def fwd(q, k, v):
             return jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                 implementation="cudnn")
+    return fwd
+
+
+def varlen_call(impl: str, head_dim: int, seed: int = 0):
+    """(fwd(q, k, v), inputs) on tools/bench.py's varlen row: its 16 causal sequences of
+    random lengths (mean 1024, `seed`), packed, 16 heads of head_dim, bf16 normals."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from bench import varlen_lengths
+
+    lengths = varlen_lengths(16, 1024, seed)
+    cu_np = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    keys = jax.random.split(jax.random.key(0), 3)
+    inputs = tuple(jax.random.normal(x, (int(cu_np[-1]), 16, head_dim), jnp.bfloat16)
+                   for x in keys)
+    cu, longest = jnp.asarray(cu_np), max(lengths)
+    if impl == "ours":
+        from xla_attn import jax as xj
+
+        def fwd(q, k, v):
+            return xj.flash_attn_varlen(q, k, v, cu, cu, longest, longest, causal=True)
+    else:
+        # JAX's cuDNN module (private; jax.nn.dot_product_attention takes no offsets in
+        # jax 0.11), as bench.py's jax-cudnn-packed falls back to
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+
+        seqlen, offsets = jnp.asarray(np.asarray(lengths, np.int32)[None]), cu[None]
+
+        def fwd(q, k, v):
+            return fa.dot_product_attention(
+                q[None], k[None], v[None], q_seqlen=seqlen, kv_seqlen=seqlen,
+                q_offsets=offsets, kv_offsets=offsets, scale=head_dim ** -0.5,
+                mask_type=fa.MaskType.PADDING_CAUSAL)[0]
+    return fwd, inputs
+
+
+def build(impl: str, op: str, seqlen: int, head_dim: int, causal: bool, chain: int = 1,
+          varlen: bool = False, seed: int = 0):
+    import jax
+
+    from profile_op import dense_inputs, jit_call
+
+    if varlen:
+        fwd, inputs = varlen_call(impl, head_dim, seed)
+    else:
+        fwd = dense_call(impl, causal)
+        inputs = dense_inputs(seqlen, head_dim, jax.random.split(jax.random.key(0), 3))
 
     def layers(q, k, v):
         for _ in range(chain):
@@ -107,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seqlen", type=int, default=512)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--varlen", action="store_true",
+                   help="bench.py's varlen row (causal; --seqlen and --causal unused)")
+    p.add_argument("--seed", type=int, default=0, help="--varlen: bench.py's length seed")
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--chain", type=int, default=1, help="attentions a call (layers)")
     p.add_argument("--json", help="write the summary here")
@@ -116,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--calls and --chain must be >= 1")
     import jax
 
-    fn, inputs = build(args.impl, args.op, args.seqlen, args.head_dim, args.causal, args.chain)
+    fn, inputs = build(args.impl, args.op, args.seqlen, args.head_dim, args.causal, args.chain,
+                       args.varlen, args.seed)
     for _ in range(3):  # compile, plans, allocator warm
         jax.block_until_ready(fn(*inputs))
     # each call's output dropped as the next is issued, as tools/bench.py's loop does:
@@ -138,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarize(gpu_activities(d), args.calls)
     summary["config"] = vars(args)
     summary["untraced"] = untraced
-    print(f"{args.impl} {args.op} d{args.head_dim} S={args.seqlen}"
-          f"{' causal' if args.causal else ''} chain {args.chain}: untraced "
+    shape = (f"varlen (seed {args.seed})" if args.varlen
+             else f"S={args.seqlen}{' causal' if args.causal else ''}")
+    print(f"{args.impl} {args.op} d{args.head_dim} {shape} chain {args.chain}: untraced "
           f"{untraced['wall_us']:.1f} us a call (host {untraced['host_us']:.1f}); traced "
           + report(summary))
     if args.json:
