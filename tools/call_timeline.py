@@ -10,8 +10,8 @@ Shapes follow tools/bench.py's dense rows (16 K tokens, H x D = 2048, bf16). imp
 is xla_attn.jax.flash_attn, jax-cudnn jax.nn.dot_product_attention(implementation=
 "cudnn"). --varlen takes bench.py's varlen row instead (16 causal sequences of its
 lengths, --seed; 16 heads of --head-dim, packed): ours flash_attn_varlen, jax-cudnn the
-packed form (q_offsets / kv_offsets). The period is the span from the first activity of the traced calls to the end
-of the last, over --calls; busy is the summed activity durations over --calls; what is
+packed form (q_offsets / kv_offsets). The period is the span from the first activity of
+the traced calls to the end of the last, over --calls; busy is the summed activity durations over --calls; what is
 left (period - busy) is the GPU idle between activities: launch gaps and host time the
 queue did not hide (activities overlapping on several streams would count twice in busy;
 these calls run on one). The profiler's own host cost lengthens the traced period, so the

@@ -226,8 +226,8 @@ SM90_HEAD_BUCKETS = ((33, 64), (65, 128), (129, 256))
 def _flash_fwd_sm90_variants():
     # The Hopper forward (kernels/flash/fwd_sm90.cuh), f16 and bf16: 2 x 3, + 2 at d64
     # (three consumers), + 2 x 3 for paged K/V, + 2 x 4 persistent walks (d64 with two
-    # and three consumers, d128 and its rowless-pass instance). Its own ops (flash_fwd_tma...), because
-    # it takes its own args (the tensor maps) and only part of flash_fwd's calls (not
+    # and three consumers, d128 and its rowless-pass instance). Its own ops
+    # (flash_fwd_tma...), because it takes its own args (the tensor maps) and only part of flash_fwd's calls (not
     # split, head_dim % 8 == 0, aligned tensors, paged only with 8-row page boxes): the
     # launcher tries it first where those hold and the device is sm_90, and otherwise
     # selects flash_fwd as before.

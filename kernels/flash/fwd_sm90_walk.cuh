@@ -22,7 +22,8 @@ namespace xla_attn {
 // The rowless warpgroup's pass over an item's `tiles` tiles (flash_fwd_sm90_walk,
 // pass_rowless), out of line (__noinline__) so that the walk's other code, which ptxas
 // schedules as one, stays as it was: inlined, the d128 walk's tile loop was scheduled
-// anew. stage_bars: the K / V stage barriers (kind k, stage st at + 8 (k kMaxStages + st)).
+// anew. stage_bars: the walk's first K / V stage barrier, bar(0, 0) (kind k, stage st at
+// + 8 (k kMaxStages + st), as the walk's bar has them).
 template <int kKRing, int kVRing, int kColBlocks, int kBlockN, int kConsumers>
 __device__ __noinline__ void pass_rowless_tiles(uint32_t stage_bars, uint32_t sV,
                                                 uint32_t kv_bytes, int g0, int n_lo, int n_hi,
@@ -409,8 +410,8 @@ __device__ void flash_fwd_sm90_walk(const flash_sm90::Args& a) {
       const KeyTiles kt = key_tiles(blk);
       settle_o_store(qi);
       pass_rowless_tiles<Tiles::kKRing, Tiles::kVRing, Tiles::kColBlocks, kBlockN, kConsumers>(
-          bars + 8u * uint32_t(3 * kMaxQBuffers), sm.sV, Tiles::kKVBytes, g0, kt.n_lo, kt.n_hi,
-          kt.tiles, ct, kTurnBarrier + wg, kTurnBarrier + 1 - wg);
+          bar(0, 0), sm.sV, Tiles::kKVBytes, g0, kt.n_lo, kt.n_hi, kt.tiles, ct,
+          kTurnBarrier + wg, kTurnBarrier + 1 - wg);
       return kt.tiles;
     };
     FwdBlock blk;

@@ -222,8 +222,8 @@ bool launch_sm90(const xla_attn_flash_fwd_params& params, const dispatch::Query&
   const bool equal_lengths = !params.seqused_k &&
                              params.total_q == int64_t(params.batch) * params.max_seqlen_q &&
                              params.total_k == int64_t(params.batch) * params.max_seqlen_k;
-  const bool rowless = walk && !fp8 &&
-                       flash_sm90::passes_rowless(d, eb, equal_lengths, params.max_seqlen_q);
+  const bool rowless =
+      walk && flash_sm90::passes_rowless(d, eb, equal_lengths, params.max_seqlen_q);
   if (!v) {
     op = std::string(paged ? "flash_fwd_tma_paged" : "flash_fwd_tma") + walk_suffix +
          (rowless ? "_rowless" : "");
