@@ -23,7 +23,14 @@ def test_period_busy_idle_and_names():
     assert names == ["attn_kernel", "fusion", "Memset"]  # by time a call
     kernel = s["activities"][0]
     assert kernel["per_call"] == 1.0 and kernel["median_us"] == pytest.approx(101.0)
+    gaps = {g["between"]: g for g in s["gaps"]}
+    assert set(gaps) == {"Memset -> fusion", "fusion -> attn_kernel", "attn_kernel -> Memset"}
+    assert gaps["Memset -> fusion"]["median_us"] == pytest.approx(1.0)  # 1 and 1 us
+    assert gaps["fusion -> attn_kernel"]["median_us"] == pytest.approx(1.0)  # 1 and 1 us
+    between = gaps["attn_kernel -> Memset"]  # once over two calls: 4 us
+    assert between["per_call"] == 0.5 and between["median_us"] == pytest.approx(4.0)
     text = call_timeline.report(s)
+    assert "idle gaps:" in text
     assert text.splitlines()[0] == "period 110.0 us a call: busy 106.0, idle 4.0"
     assert "attn_kernel" in text.splitlines()[1]
 

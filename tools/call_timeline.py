@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What the GPU runs for one jitted attention call, issued back to back as tools/bench.py
 times it: every kernel and memset of --calls calls, read from JAX's profiler (CUPTI),
-summed per name, and the calls' period against the time the GPU was busy.
+summed per name, the calls' period against the time the GPU was busy, and the idle
+gaps between consecutive activities by the pair of names around them.
 
   python3 tools/call_timeline.py --impl ours --seqlen 512 --head-dim 128 [--causal]
       [--varlen] [--op fwd|fwd_bwd] [--calls 50] [--chain 1] [--json out.json]
@@ -66,8 +67,17 @@ def summarize(events: list[tuple[str, int, int]], calls: int) -> dict:
         by_name.setdefault(name[:80], []).append(dur)
     kinds = sorted(((n, len(ds) / calls, statistics.median(ds) / 1e3) for n, ds in by_name.items()),
                    key=lambda x: -x[1] * x[2])
+    # the idle time by where it falls: each gap from an activity's end to the next one's
+    # start, keyed by the two names (a launch gap inside a call, or the one between calls)
+    ordered = sorted(events, key=lambda e: e[1])
+    by_pair: dict[str, list[int]] = {}
+    for (a, sa, da), (b, sb, _) in zip(ordered, ordered[1:]):
+        by_pair.setdefault(f"{a[:38]} -> {b[:38]}", []).append(max(sb - sa - da, 0))
+    gaps = sorted(((n, len(g) / calls, statistics.median(g) / 1e3) for n, g in by_pair.items()),
+                  key=lambda x: -x[1] * x[2])
     return {"period_us": period / 1e3, "busy_us": busy / 1e3, "idle_us": (period - busy) / 1e3,
-            "activities": [{"name": n, "per_call": c, "median_us": m} for n, c, m in kinds]}
+            "activities": [{"name": n, "per_call": c, "median_us": m} for n, c, m in kinds],
+            "gaps": [{"between": n, "per_call": c, "median_us": m} for n, c, m in gaps]}
 
 
 def report(summary: dict) -> str:
@@ -75,6 +85,9 @@ def report(summary: dict) -> str:
              f"idle {summary['idle_us']:.1f}"]
     for a in summary["activities"]:
         lines.append(f"  {a['per_call']:5.2f} x {a['median_us']:8.2f} us  {a['name']}")
+    lines.append("idle gaps:")
+    for g in summary["gaps"]:
+        lines.append(f"  {g['per_call']:5.2f} x {g['median_us']:8.2f} us  {g['between']}")
     return "\n".join(lines)
 
 

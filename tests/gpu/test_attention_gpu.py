@@ -209,6 +209,30 @@ def test_flash_forward_sm90_nan_tails(gpu_device, sm90_grid, rng, mk, monkeypatc
     ref.assert_attention_close(out, exp_out, dtype, lse, exp_lse, valid_rows=int(cu_q[-1]))
 
 
+@pytest.mark.parametrize("count", [100, 140])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_forward_sm90_many_sequences(gpu_device, sm90_grid, rng, mk, monkeypatch,
+                                          causal, count):
+    """The Hopper forward over many sequences of random lengths, a tenth of them empty
+    and one of the longest length (about two thirds of the walk's items past their
+    sequence's rows, claimed and skipped), against the float64 reference. 100 and 140
+    sequences: the counts around 128 at which docs/tries' compact-items form of the walk
+    changed its item order (2026-12-02-fwd-d128-varlen-compact-items.patch)."""
+    if not _is_sm90(gpu_device):
+        pytest.skip("the sm90 family runs on sm_90 only")
+    monkeypatch.setenv("XLA_ATTN_FORCE_FAMILY", "sm90")
+    lens = rng.integers(1, 400, count)
+    lens[rng.choice(count, count // 10, replace=False)] = 0
+    lens[rng.integers(count)] = 400
+    q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, "bfloat16", lens, lens, heads=2, heads_k=1,
+                                           head_dim=128, pad_q=3)
+    exp_out, exp_lse = ref.flash_attn_varlen_ref(q, k, v, cu_q, cu_k, None, causal=causal)
+    out, lse = jax.jit(lambda *a: xj.flash_attn_varlen(*a, 400, 400, causal=causal,
+                                                       return_softmax_lse=True))(
+        *_on(gpu_device, q, k, v, cu_q, cu_k))
+    ref.assert_attention_close(out, exp_out, "bfloat16", lse, exp_lse, valid_rows=int(cu_q[-1]))
+
+
 def test_flash_forward_sm90_declines(gpu_device, rng, mk, monkeypatch):
     """A call the Hopper forward does not take (head_dim 100: rows the copy engine
     cannot stride) names the families it looked in rather than running anything."""
