@@ -413,3 +413,39 @@ def test_process_keeps_working_after_errors():
             xla_attn.flash_attn_varlen(**(_valid(rng) | case[1]))
     out = xla_attn.flash_attn_varlen(**_valid(rng))
     assert np.isfinite(np.asarray(out)).all()
+
+
+def test_cached_spec_keys_types_and_raises_every_call():
+    """_ops.cached (the eager frontends' remembered checks): the same spec for the same
+    shapes and values, a new one where only a value's type differs (True and 1, 1.0 and
+    1 are equal keys otherwise), the error again on every bad call, and numpy offsets
+    (whose values are checked) never remembered."""
+    from xla_attn import _ops
+
+    calls = []
+
+    def spec(x, flag, window=(-1, -1), scale=None):
+        calls.append(1)
+        return _ops.flash_varlen_spec(x, x, x, cu, cu, 4, 4, scale, flag, window, 0.0, None,
+                                      None, None, None, None, None)
+
+    cu = jnp.asarray(np.array([0, 4], np.int32))
+    x = jnp.zeros((4, 2, 8), jnp.float32)
+    remembered = _ops.cached(spec)
+    first = remembered(x, True)
+    assert remembered(jnp.ones((4, 2, 8), jnp.float32), True) is first and len(calls) == 1
+    with pytest.raises(TypeError, match="causal must be a bool, got int"):
+        remembered(x, 1)
+    with pytest.raises(TypeError, match="causal must be a bool, got int"):
+        remembered(x, 1)
+    with pytest.raises(ValueError, match="window_size must be a pair of ints"):
+        remembered(x, False, (-1.0, -1))
+    assert remembered(x, False, [-1, -1]) == remembered(x, False, (-1, -1))  # a list: uncached
+    assert remembered(x, True, scale=0.5).softmax_scale == 0.5
+    assert len(calls) == 7
+    bad = np.array([0, 5], np.int32)  # numpy offsets: checked every call
+    for _ in range(2):
+        with pytest.raises(ValueError, match="cu_seqlens_q must be non-decreasing offsets"):
+            _ops.cached(_ops.flash_varlen_spec)(x, x, x, bad, bad, 4, 4, None, False,
+                                                (-1, -1), 0.0, None, None, None, None, None,
+                                                None)

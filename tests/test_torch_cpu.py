@@ -451,6 +451,8 @@ def attention_step(q, k, v, cu_q, cu_k, kc, vc, slots, lens, table):
 
 
 def check_compile(device, backend):
+    import torch._dynamo.testing  # not imported by torch itself (a lone run had no such module)
+
     torch._dynamo.reset()
     s = small_inputs(device, seed=1)
     args = [s[n] for n in ("q", "k", "v", "cu_q", "cu_k", "kc", "vc", "slots", "lens", "table")]

@@ -31,7 +31,9 @@ class _Params(ctypes.Structure):
     op: str  # the name xla_attn_params_size / xla_attn_workspace_size know it by
 
     def fill(self, **values) -> "_Params":
-        kinds = dict(self._fields_)
+        kinds = type(self).__dict__.get("_kinds")
+        if kinds is None:  # once a struct type: the eager frontends fill one every call
+            kinds = type(self)._kinds = dict(self._fields_)
         for name, value in values.items():
             kind = kinds.get(name)
             if kind is None:

@@ -21,6 +21,22 @@ _DEVICES = ("cpu", "cuda")
 _FP8_E4M3 = "float8_e4m3fn"
 
 
+def _eager_cached(spec):
+    """Every eager call is checked here: the checks remembered by shape, dtype and value
+    (_ops.cached); under torch.compile the plain checks, which dynamo traces (it cannot
+    trace the cache's hash) and runs once a graph."""
+    remembered = _ops.cached(spec)
+
+    def check(*args, **kwargs):
+        return (spec if torch.compiler.is_compiling() else remembered)(*args, **kwargs)
+    return check
+
+
+_flash_spec = _eager_cached(_ops.flash_varlen_spec)
+_paged_spec = _eager_cached(_ops.paged_attention_spec)
+_cache_spec = _eager_cached(_ops.reshape_and_cache_flash_spec)
+
+
 # ---------------------------------------------------------------- plumbing
 def _code(x: Tensor) -> int:
     return _capi.DTYPE_CODES[_ops.dtype_name(x)]
@@ -86,7 +102,7 @@ def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                max_seqlen_k: int, deterministic: bool = False) -> tuple[Tensor, Tensor]:
     # deterministic: for the backward (flash_bwd's), carried here for autograd
     op = "xla_attn::flash_fwd"
-    _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    _flash_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, False, (window_left, window_right), softcap,
                            alibi_slopes, seqused_k, block_table, q_descale, k_descale, v_descale,
                            op=op)
@@ -137,7 +153,7 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                dlse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     # dlse: softmax_lse's cotangent (or None), taken by the same kernels (D_i - dlse_i)
     op = "xla_attn::flash_bwd"
-    _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    _flash_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, False, (window_left, window_right), softcap,
                            alibi_slopes, seqused_k, None, None, None, None, op=op)
     c = _ops._Check(op)
@@ -222,7 +238,7 @@ def _paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, seq_
                      alibi_slopes: Optional[Tensor], scale: float, soft_cap: float,
                      sliding_window: int, kv_cache_dtype: str, max_query_len: int) -> Tensor:
     op = "xla_attn::paged_attention"
-    spec = _ops.paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables,
+    spec = _paged_spec(query, key_cache, value_cache, seq_lens, block_tables,
                                      query_start_loc, scale,
                                      sliding_window if sliding_window > 0 else None, soft_cap,
                                      k_scale, v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
@@ -263,7 +279,7 @@ def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, valu
                  slot_mapping: Tensor, k_scale: Optional[Tensor], v_scale: Optional[Tensor],
                  kv_cache_dtype: str) -> None:
     op = "xla_attn::reshape_and_cache_flash"
-    fmt = _ops.reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+    fmt = _cache_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                                 k_scale, v_scale)
     _same_device(op, key.device, value=value, key_cache=key_cache, value_cache=value_cache,
                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
@@ -305,7 +321,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     alike (one backward call either way). On CUDA (and on torch_xla's CUDA devices) the
     backward adds dq up with float atomics (its last bits may vary from run to run, as
     flash-attn's); `deterministic=True` takes the slower backward without them."""
-    spec = _ops.flash_varlen_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    spec = _flash_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes,
                                   seqused_k, block_table, q_descale, k_descale, v_descale,
                                   deterministic=deterministic)
@@ -364,7 +380,7 @@ def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query
     device scalar counting the real rows of a padded batch; `alibi_slopes` `(H,)`
     float32; `max_query_len` an int bounding every sequence's query count (1 for
     a decode batch, which then launches the decode kernel alone)."""
-    spec = _ops.paged_attention_spec(query, key_cache, value_cache, seq_lens, block_tables,
+    spec = _paged_spec(query, key_cache, value_cache, seq_lens, block_tables,
                                      query_start_loc, scale, sliding_window, soft_cap, k_scale,
                                      v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
                                      max_query_len)
@@ -379,7 +395,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     """Scatter `key`/`value` `(num_tokens, Hk, D)` into the paged caches at
     `slot_mapping` (slot -1 skipped) in place, as vLLM's op does; fp8 formats
     quantize as `x / scale`. Returns None."""
-    fmt = _ops.reshape_and_cache_flash_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+    fmt = _cache_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                                 k_scale, v_scale)
     torch.ops.xla_attn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
                                                k_scale, v_scale, fmt)
