@@ -442,7 +442,9 @@ def test_cached_spec_keys_types_and_raises_every_call():
         remembered(x, False, (-1.0, -1))
     assert remembered(x, False, [-1, -1]) == remembered(x, False, (-1, -1))  # a list: uncached
     assert remembered(x, True, scale=0.5).softmax_scale == 0.5
-    assert len(calls) == 7
+    with pytest.raises(TypeError, match="softmax_scale must be a float, got ArrayImpl"):
+        remembered(x, True, scale=jnp.float32(0.5))  # an array: named by its own type
+    assert len(calls) == 8
     bad = np.array([0, 5], np.int32)  # numpy offsets: checked every call
     for _ in range(2):
         with pytest.raises(ValueError, match="cu_seqlens_q must be non-decreasing offsets"):

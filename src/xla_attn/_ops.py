@@ -46,8 +46,8 @@ def _is_bool(x) -> bool:
 
 
 def _type_name(x) -> str:
-    return f"{type(x).__module__}.{type(x).__name__}" if type(x).__module__ == "numpy" \
-        else type(x).__name__
+    t = x.type if isinstance(x, _ArrayMeta) else type(x)  # cached(): the array's own type
+    return f"{t.__module__}.{t.__name__}" if t.__module__ == "numpy" else t.__name__
 
 
 class _Check:
@@ -129,11 +129,13 @@ def _offsets_on_host(c: _Check, name: str, cu, total: int, longest_name: str, lo
 
 
 class _ArrayMeta(tuple):
-    """An array's shape and dtype, all a spec function reads of it (hashable)."""
+    """An array's shape and dtype, all a spec function reads of it, and its type (for
+    _type_name's messages): hashable."""
 
     __slots__ = ()
     shape = property(lambda self: self[0])
     dtype = property(lambda self: self[1])
+    type = property(lambda self: self[2])
 
 
 class _Uncached(Exception):
@@ -150,7 +152,7 @@ def _key(x):
         raise _Uncached  # its values are checked (_offsets_on_host)
     shape = getattr(x, "shape", None)
     if shape is not None and hasattr(x, "dtype"):
-        return _ArrayMeta((tuple(shape), x.dtype))
+        return _ArrayMeta((tuple(shape), x.dtype, type(x)))
     if type(x) is tuple:
         return tuple, tuple(_key(e) for e in x), x
     return type(x), x
