@@ -53,6 +53,12 @@ def gpu_activities(xspace_dir: str) -> list[tuple[str, int, int]]:
     return events
 
 
+def per_call(groups: dict[str, list[int]], calls: int) -> list[tuple[str, float, float]]:
+    """(name, count a call, median us) of each group of durations (ns), most time first."""
+    rows = ((n, len(ds) / calls, statistics.median(ds) / 1e3) for n, ds in groups.items())
+    return sorted(rows, key=lambda x: -x[1] * x[2])
+
+
 def summarize(events: list[tuple[str, int, int]], calls: int) -> dict:
     """Per call: the period, the busy time, the idle rest, and each activity name's count
     and median duration (names shortened to 80 characters)."""
@@ -65,16 +71,14 @@ def summarize(events: list[tuple[str, int, int]], calls: int) -> dict:
     by_name: dict[str, list[int]] = {}
     for name, _, dur in events:
         by_name.setdefault(name[:80], []).append(dur)
-    kinds = sorted(((n, len(ds) / calls, statistics.median(ds) / 1e3) for n, ds in by_name.items()),
-                   key=lambda x: -x[1] * x[2])
+    kinds = per_call(by_name, calls)
     # the idle time by where it falls: each gap from an activity's end to the next one's
     # start, keyed by the two names (a launch gap inside a call, or the one between calls)
     ordered = sorted(events, key=lambda e: e[1])
     by_pair: dict[str, list[int]] = {}
     for (a, sa, da), (b, sb, _) in zip(ordered, ordered[1:]):
         by_pair.setdefault(f"{a[:38]} -> {b[:38]}", []).append(max(sb - sa - da, 0))
-    gaps = sorted(((n, len(g) / calls, statistics.median(g) / 1e3) for n, g in by_pair.items()),
-                  key=lambda x: -x[1] * x[2])
+    gaps = per_call(by_pair, calls)
     return {"period_us": period / 1e3, "busy_us": busy / 1e3, "idle_us": (period - busy) / 1e3,
             "activities": [{"name": n, "per_call": c, "median_us": m} for n, c, m in kinds],
             "gaps": [{"between": n, "per_call": c, "median_us": m} for n, c, m in gaps]}

@@ -103,9 +103,9 @@ def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
     # deterministic: for the backward (flash_bwd's), carried here for autograd
     op = "xla_attn::flash_fwd"
     _flash_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale, False, (window_left, window_right), softcap,
-                           alibi_slopes, seqused_k, block_table, q_descale, k_descale, v_descale,
-                           op=op)
+                softmax_scale, False, (window_left, window_right), softcap,
+                alibi_slopes, seqused_k, block_table, q_descale, k_descale, v_descale,
+                op=op)
     _same_device(op, q.device, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                  seqused_k=seqused_k, block_table=block_table, alibi_slopes=alibi_slopes,
                  q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
@@ -154,8 +154,8 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
     # dlse: softmax_lse's cotangent (or None), taken by the same kernels (D_i - dlse_i)
     op = "xla_attn::flash_bwd"
     _flash_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale, False, (window_left, window_right), softcap,
-                           alibi_slopes, seqused_k, None, None, None, None, op=op)
+                softmax_scale, False, (window_left, window_right), softcap,
+                alibi_slopes, seqused_k, None, None, None, None, op=op)
     c = _ops._Check(op)
     dtype = c.dtype("q", q, _ops.FLOAT_DTYPES)
     for name, x in (("dout", dout), ("out", out)):
@@ -239,10 +239,10 @@ def _paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, seq_
                      sliding_window: int, kv_cache_dtype: str, max_query_len: int) -> Tensor:
     op = "xla_attn::paged_attention"
     spec = _paged_spec(query, key_cache, value_cache, seq_lens, block_tables,
-                                     query_start_loc, scale,
-                                     sliding_window if sliding_window > 0 else None, soft_cap,
-                                     k_scale, v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
-                                     max_query_len if max_query_len > 0 else None)
+                       query_start_loc, scale,
+                       sliding_window if sliding_window > 0 else None, soft_cap,
+                       k_scale, v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
+                       max_query_len if max_query_len > 0 else None)
     _same_device(op, query.device, key_cache=key_cache, value_cache=value_cache,
                  seq_lens=seq_lens, block_tables=block_tables, query_start_loc=query_start_loc,
                  num_seqs=num_seqs, k_scale=k_scale, v_scale=v_scale, alibi_slopes=alibi_slopes)
@@ -280,7 +280,7 @@ def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, valu
                  kv_cache_dtype: str) -> None:
     op = "xla_attn::reshape_and_cache_flash"
     fmt = _cache_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                k_scale, v_scale)
+                      k_scale, v_scale)
     _same_device(op, key.device, value=value, key_cache=key_cache, value_cache=value_cache,
                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
     key, value, slots, ks, vs = map(_dense, (key, value, slot_mapping, k_scale, v_scale))
@@ -322,9 +322,9 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     backward adds dq up with float atomics (its last bits may vary from run to run, as
     flash-attn's); `deterministic=True` takes the slower backward without them."""
     spec = _flash_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  softmax_scale, causal, window_size, softcap, alibi_slopes,
-                                  seqused_k, block_table, q_descale, k_descale, v_descale,
-                                  deterministic=deterministic)
+                       softmax_scale, causal, window_size, softcap, alibi_slopes,
+                       seqused_k, block_table, q_descale, k_descale, v_descale,
+                       deterministic=deterministic)
     out, lse = torch.ops.xla_attn.flash_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale,
         k_descale, v_descale, spec.softmax_scale, spec.softcap, spec.window_left,
@@ -381,9 +381,9 @@ def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query
     float32; `max_query_len` an int bounding every sequence's query count (1 for
     a decode batch, which then launches the decode kernel alone)."""
     spec = _paged_spec(query, key_cache, value_cache, seq_lens, block_tables,
-                                     query_start_loc, scale, sliding_window, soft_cap, k_scale,
-                                     v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
-                                     max_query_len)
+                       query_start_loc, scale, sliding_window, soft_cap, k_scale,
+                       v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
+                       max_query_len)
     return torch.ops.xla_attn.paged_attention(
         query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, num_seqs, k_scale,
         v_scale, alibi_slopes, spec.scale, spec.soft_cap, spec.sliding_window,
@@ -396,6 +396,6 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     `slot_mapping` (slot -1 skipped) in place, as vLLM's op does; fp8 formats
     quantize as `x / scale`. Returns None."""
     fmt = _cache_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                k_scale, v_scale)
+                      k_scale, v_scale)
     torch.ops.xla_attn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
                                                k_scale, v_scale, fmt)
