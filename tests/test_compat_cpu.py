@@ -37,8 +37,8 @@ def test_flash_fwd_workspace_holds_fp8_vt():
     """The forward's workspace, sized from shapes and K's dtype: fp8 d256 (non-paged) also
     holds V^T for the Hopper forward (a 1 KB offset, then heads_k x head_dim rows of
     total_k + 144 columns a sequence, rounded to 16: sm90_tiles.h, vt_workspace_bytes);
-    bf16, paged fp8 and fp8 d128 ask for what the dtype-blind v1 asks for (split-KV
-    partials, the walk's item counter)."""
+    so does fp8 d64 / d128 from 4096 rows; bf16, paged fp8 and shorter fp8 d128 rows ask
+    for what the dtype-blind v1 asks for (split-KV partials, the walk's item counter)."""
     shape = dict(total_q=4096, batch=2, num_heads=8, max_seqlen_q=2048, max_seqlen_k=2048)
     size = lambda d, dt, paged=False: _native.flash_fwd_workspace_size(
         head_dim=d, k_shape=(4096, 2, d), kv_dtype=dt, paged=paged, **shape)
@@ -55,3 +55,17 @@ def test_flash_fwd_workspace_holds_fp8_vt():
     for d, dt, paged in ((256, "bfloat16", False), (256, "float8_e4m3fn", True),
                          (128, "float8_e4m3fn", False)):
         assert size(d, dt, paged) == v1(d), (d, dt, paged)
+    # fp8 d64 / d128 from 4096 rows (kVtMinRowsNarrow: past their walks' 2048), on 16
+    # heads (enough blocks that no split of the keys is planned)
+    for rows in (4096, 2048):
+        batch = 16384 // rows
+        big = lambda d, paged=False: _native.flash_fwd_workspace_size(
+            head_dim=d, k_shape=(16384, 16, d), kv_dtype="float8_e4m3fn", paged=paged,
+            total_q=16384, batch=batch, num_heads=16, max_seqlen_q=rows, max_seqlen_k=rows)
+        v1_big = lambda d: _native.lib().xla_attn_flash_fwd_workspace_size(
+            16384, batch, 16, d, rows, rows)
+        cols = (16384 + 144 * batch + 16 + 15) // 16 * 16
+        for d in (64, 80, 128):
+            want = 1024 + 16 * d * cols if rows == 4096 else v1_big(d)
+            assert big(d) == want > 1024 * (rows == 4096), (rows, d)
+            assert big(d, paged=True) == v1_big(d), (rows, d)

@@ -119,6 +119,9 @@ size_t xla_attn_flash_fwd_workspace_size_v2(int64_t total_q, int64_t total_k, in
   p.max_seqlen_k = max_seqlen_k;
   p.kv_dtype = static_cast<xla_attn_dtype>(kv_dtype);
   p.block_size = paged ? 1 : 0;  // paged: no V^T (workspace_size)
+  // no window known: sized for the most V^T a call of these shapes may take (a causal
+  // d64 / d128 call takes it from twice the rows: sm90_tiles.h, vt_given_covers)
+  p.window_left = p.window_right = -1;
   return num_heads > 0 && num_heads_k > 0 && head_dim > 0 && total_q >= 0 && total_k >= 0 &&
                  batch >= 0
              ? xla_attn::workspace_size(p)

@@ -284,16 +284,19 @@ def _flash_fwd_sm90_variants():
             head_dim_min=lo, head_dim_max=hi,
             features=(features if paged else features & ~FEATURES["paged"]) | FEATURES["fp8"],
             priority=20, threads=128 * (1 + wgs))
-    # d256 reading V given transposed (op flash_fwd_tma_vt: sm90_tiles.h, vt_given; its own
-    # instance, kVtGiven) and the pass that writes V^T before it (fwd_sm90.cuh,
-    # flash_fwd_vt_pack): + 2.
-    yield Variant(
-        op="flash_fwd_tma_vt", family="sm90", module="flash_fwd_sm90",
-        kernel="xla_attn_flash_fwd_sm90_f8e4m3_d256_vt",
-        template=f"xla_attn::flash_fwd_sm90<{fp8}, 256, 2, false, true>",
-        params="xla_attn::flash_sm90::Args", dtype0="f8e4m3", dtype1="f8e4m3", head_dim_min=129,
-        head_dim_max=256, features=(features & ~FEATURES["paged"]) | FEATURES["fp8"],
-        priority=20, threads=128 * 3)
+    # Each bucket reading V given transposed (op flash_fwd_tma_vt: sm90_tiles.h, vt_given;
+    # its own instance, kVtGiven) and the pass that writes V^T before it (fwd_sm90.cuh,
+    # flash_fwd_vt_pack): + 4.
+    for lo, hi in ((16, 64), (65, 128), (129, 256)):
+        wgs = 2 if hi == 256 else 3
+        yield Variant(
+            op="flash_fwd_tma_vt", family="sm90", module="flash_fwd_sm90",
+            kernel=f"xla_attn_flash_fwd_sm90_f8e4m3_d{hi}_vt",
+            template=f"xla_attn::flash_fwd_sm90<{fp8}, {hi}, {wgs}, false, true>",
+            params="xla_attn::flash_sm90::Args", dtype0="f8e4m3", dtype1="f8e4m3",
+            head_dim_min=lo, head_dim_max=hi,
+            features=(features & ~FEATURES["paged"]) | FEATURES["fp8"], priority=20,
+            threads=128 * (1 + wgs))
     yield Variant(
         op="flash_fwd_vt_pack", family="sm90", module="flash_fwd_sm90",
         kernel="xla_attn_flash_fwd_sm90_vt_pack_f8e4m3", template="xla_attn::flash_fwd_vt_pack",

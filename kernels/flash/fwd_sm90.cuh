@@ -35,7 +35,8 @@
 // rounded to e4m3 in registers for P V. 8-bit wgmma reads B only K-major, and P V's K is
 // the keys, so the producer warpgroup transposes each V tile in shared memory into a V^T
 // tile (fwd_sm90_producer.cuh, transpose_v_e4m3) while the consumers compute, then releases it on a
-// full_vt barrier.
+// full_vt barrier; or, where the rows pay for it (sm90_tiles.h, vt_given), a pass before
+// the forward writes V^T into the workspace and the copy engine lands its tiles.
 // The descales scale the scores (q_descale * k_descale) and O (v_descale).
 //
 // Rows past a sequence: the copy engine reads whole boxes, so a tile's rows past the
@@ -169,7 +170,8 @@ __device__ void flash_fwd_sm90(const flash_sm90::Args& a) {
 __device__ void flash_fwd_vt_pack(const flash_sm90::Args& a) {
   using namespace flash_sm90;
   constexpr int kKeys = kVtPackKeys;
-  static_assert(kKeys == block_n(256, 1), "the pass writes whole V^T tiles");
+  static_assert(kKeys == block_n(64, 1) && kKeys == block_n(128, 1) && kKeys == block_n(256, 1),
+                "the pass writes whole V^T tiles of every fp8 bucket");
   const xla_attn_flash_fwd_params& p = a.p;
   const int b = blockIdx.z, hk = blockIdx.y, hd = p.head_dim;
   if (b >= real_batch(p.batch, p.batch_used)) return;

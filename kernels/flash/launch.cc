@@ -116,12 +116,13 @@ std::string encode_rows(sm90::TensorMap* map, const void* base, int64_t rows, in
 // Whether the fp8 forward's V would come given transposed (sm90_tiles.h,
 // vt_given_covers), read the same way when the workspace is sized and at the launch.
 // XLA_ATTN_SM90_VT: "0" never (tests, A/B: the transposes), "1" wherever the head dim
-// allows (tests: short rows), else by the rows.
+// allows at any rows (tests: short rows; the walks still transpose), else by the rows.
 bool wants_vt(const xla_attn_flash_fwd_params& p) {
   const char* env = std::getenv("XLA_ATTN_SM90_VT");
   const int mode = env && (*env == '0' || *env == '1') && !env[1] ? *env - '0' : -1;
-  return mode != 0 && flash_sm90::vt_given_covers(
-                          p.head_dim, mode == 1 ? flash_sm90::kVtMinRows : p.max_seqlen_q);
+  return mode != 0 && flash_sm90::vt_given_covers(p.head_dim,
+                                                  mode == 1 ? INT32_MAX : p.max_seqlen_q,
+                                                  p.window_right >= 0);
 }
 
 // Whether the fp8 forward takes V given transposed (sm90_tiles.h, vt_given; its kVtGiven

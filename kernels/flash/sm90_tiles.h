@@ -236,15 +236,19 @@ XLA_ATTN_HOST_DEVICE constexpr bool defers_o_store_read(int wgs, int eb, int d, 
 // d64 (its tiles are half the size). H100, same run, against 2 and 2 (with O's bulk
 // stores): d64 S=512 full +9 %, S=1024 +5 %, d256 +3..+5 %, d128 +0..+2 %; S=16384 alike.
 // Barriers are laid out for kMaxStages per kind.
-// `vt_given`: fp8 d256's instance for V given transposed (flash_fwd_sm90's kVtGiven, below
-// at vt_given_covers) has no raw V ring: K and V^T ring through kVtGivenStages each (32 KB
-// Q + 3 x (32 + 32) KB = 224 KB; against 2 + 2, -2.6..+2.9 %, H100, docs/benchmarks.md
-// 2026-11-27 (32)).
+// `vt_given`: fp8's instances for V given transposed (flash_fwd_sm90's kVtGiven, below
+// at vt_given_covers) have no raw V ring: K and V^T ring through vt_given_stages each. d256
+// kVtGivenStages (32 KB Q + 3 x (32 + 32) KB = 224 KB; against 2 + 2, -2.6..+2.9 %, H100,
+// docs/benchmarks.md 2026-11-27 (32)); d64 / d128 kMaxStages (16 KB tiles at most: 24 KB
+// Q + 4 x (16 + 16) KB, the rings the transposing kernel has for K and raw V).
 constexpr int kStages = 2;
 constexpr int kMaxStages = 4;
 constexpr int kVtGivenStages = 3;
+XLA_ATTN_HOST_DEVICE constexpr int vt_given_stages(int d) {
+  return d <= 128 ? kMaxStages : kVtGivenStages;
+}
 XLA_ATTN_HOST_DEVICE constexpr int k_stages(int d, int eb, bool vt_given) {
-  return vt_given ? kVtGivenStages : eb == 1 ? (d <= 128 ? 4 : 2) : d <= 64 ? 4 : kStages;
+  return vt_given ? vt_given_stages(d) : eb == 1 ? (d <= 128 ? 4 : 2) : d <= 64 ? 4 : kStages;
 }
 // fp8 d256 (32 KB Q, 32 KB K, V and V^T tiles) rings each through 2 stages, 224 KB in
 // all (with 64-key tiles it had 4 K, 2 raw V and 3 V^T stages of 16 / 16 / 32 KB).
@@ -252,7 +256,7 @@ XLA_ATTN_HOST_DEVICE constexpr int v_stages(int d, int eb, bool vt_given) {
   return vt_given ? 0 : eb == 1 ? (d <= 128 ? 4 : 2) : d <= 64 ? 4 : 3;
 }
 XLA_ATTN_HOST_DEVICE constexpr int vt_stages(int d, int eb, bool vt_given) {
-  return vt_given ? kVtGivenStages : eb == 1 ? (d <= 128 ? 3 : 2) : 0;
+  return vt_given ? vt_given_stages(d) : eb == 1 ? (d <= 128 ? 3 : 2) : 0;
 }
 
 // Named barriers (0 is __syncthreads): 1 the consumers' V-tail zeroing, 2 + wg each
@@ -332,7 +336,7 @@ XLA_ATTN_HOST_DEVICE constexpr int q_buffers(int d, int wgs, int eb = 2, bool wa
          : layout_bytes(d, wgs, eb, 2, false) <= kSmemLimit            ? 2
                                                                         : 1;
 }
-// (the instance for V given transposed never walks: d256)
+// (the instances for V given transposed never walk: vt_given_covers' rows)
 XLA_ATTN_HOST_DEVICE constexpr int smem_bytes(int d, int wgs, int eb, bool walk, bool vt_given) {
   return layout_bytes(d, wgs, eb, q_buffers(d, wgs, eb, walk), vt_given);
 }
@@ -341,6 +345,7 @@ static_assert(smem_bytes(256, 2, 2, false, false) <= kSmemLimit &&
                   smem_bytes(256, fp8_wgs(256), 1, false, false) <= kSmemLimit &&
                   smem_bytes(256, fp8_wgs(256), 1, false, true) <= kSmemLimit &&
                   smem_bytes(64, kFp8Wgs, 1, true, false) <= kSmemLimit &&
+                  smem_bytes(128, kFp8Wgs, 1, false, true) <= kSmemLimit &&
                   kVtGivenStages <= kMaxStages,
               "the d256 (fp8: d128, d256, d256 with V given) tiles exceed sm_90's 227 KB a "
               "block");
@@ -458,13 +463,24 @@ XLA_ATTN_HOST_DEVICE constexpr int64_t vt_seq_start(int64_t k_start, int b) {
 XLA_ATTN_HOST_DEVICE constexpr int64_t vt_cols(int64_t total_k, int batch) {
   return (total_k + int64_t(kVtSeqPad) * batch + 16 + 15) & ~int64_t(15);
 }
-// Where V comes given transposed: d256 (measured above; d64 / d128's few percent would
-// not pay for the pass), sequences of kVtMinRows queries or more (the pass costs alike
-// per key; the forward's per-key work, and its gain, grow with the rows: at S = 512 the
-// pass cost 14 %, the same run).
+// Where V comes given transposed: sequences of enough queries (the pass costs alike per
+// key; the forward's per-key work, and its gain, grow with the rows a key meets: at d256
+// S = 512 the pass cost 14 %, the same run). d256 from kVtMinRows (measured above); d64
+// / d128 (whose transposes cost 4-6 %, above) past their walks (kWalkMaxRowsFp8), from
+// kVtMinRowsNarrow rows, twice that with a right window (causal: half the rows meet a
+// key). H200, same run, best of 3 rounds, against the transposes (pass included): d128
+// full S = 4096 / 8192 / 16384 +5.3 / +6.4 / +9.7 %, causal 4096 / 8192 / 16384 -4.2 /
+// +5.8 / +1.3 % (medians -1.2 / +3.9 / +5.2 %); d64 full 4096 / 16384 +1.8 / +7.5 %,
+// causal 8192 +3.6 % (docs/benchmarks.md, 2026-12-02 (58)).
 constexpr int kVtMinRows = 2048;
-XLA_ATTN_HOST_DEVICE constexpr bool vt_given_covers(int head_dim, int max_seqlen_q) {
-  return fp8_covers(head_dim) && fp8_bucket(head_dim) == 256 && max_seqlen_q >= kVtMinRows;
+constexpr int kVtMinRowsNarrow = 4096;
+static_assert(kVtMinRowsNarrow > kWalkMaxRowsFp8, "d64 / d128 with V given: not their walks");
+XLA_ATTN_HOST_DEVICE constexpr bool vt_given_covers(int head_dim, int max_seqlen_q,
+                                                    bool right_window) {
+  return fp8_covers(head_dim) &&
+         (fp8_bucket(head_dim) == 256
+              ? max_seqlen_q >= kVtMinRows
+              : max_seqlen_q >= (right_window ? 2 : 1) * int64_t(kVtMinRowsNarrow));
 }
 // flash_fwd_vt_pack's keys a block: one V^T tile (block_n at fp8)
 constexpr int kVtPackKeys = 128;
