@@ -347,8 +347,8 @@ static_assert(smem_bytes(256, 2, 2, false, false) <= kSmemLimit &&
                   smem_bytes(64, kFp8Wgs, 1, true, false) <= kSmemLimit &&
                   smem_bytes(128, kFp8Wgs, 1, false, true) <= kSmemLimit &&
                   kVtGivenStages <= kMaxStages,
-              "the d256 (fp8: d128, d256, d256 with V given) tiles exceed sm_90's 227 KB a "
-              "block");
+              "the d256 (fp8: d128, d256, d128 / d256 with V given) tiles exceed sm_90's 227 "
+              "KB a block");
 static_assert(q_buffers(64, 2) == 3 && q_buffers(64, 3) == 3 && q_buffers(64, kFp8Wgs, 1) == 3 &&
                   q_buffers(128, 2) == 2 && q_buffers(128, kFp8Wgs, 1) == 2,
               "d64 (16-bit and fp8) is meant to take three Q buffers, d128 two");
