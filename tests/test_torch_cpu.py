@@ -5,6 +5,7 @@ torch.compile(fullgraph=True), errors and routing.
 The `check_*` functions take the device, so tests/gpu/test_torch_gpu.py runs the very
 same cases on CUDA tensors."""
 
+import contextlib
 import ctypes
 
 import ml_dtypes
@@ -621,3 +622,95 @@ def test_segment_ids_pack_documents(rng, mk):
         xt.flash_attn(tt(q), tt(k), tt(v), q_segment_ids=tt(seg), kv_segment_ids=tt(seg[:, ::-1]))
     with pytest.raises(ValueError, match="given together"):
         xt.flash_attn(tt(q), tt(k), tt(v), q_segment_ids=tt(seg))
+
+
+# ------------------------------------------------------------------ eager calls past the dispatcher
+class _NoTorchFunction(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_direct_calls_only_where_nothing_watches():
+    """xt._direct: an eager call runs an op's work itself only on plain tensors with no
+    gradient asked, outside torch function / dispatch modes, functorch and the profiler."""
+    s = small_inputs()
+    q, k = s["q"], s["k"]
+    assert xt._direct((q, k, None))
+    grad_q = q.clone().requires_grad_(True)
+    assert not xt._direct((grad_q, k), differentiable=(grad_q,))
+    with torch.no_grad():
+        assert xt._direct((grad_q, k), differentiable=(grad_q,))
+    assert xt._direct((grad_q, k))  # a gradient the op does not give is none asked
+    with _OpCalls():
+        assert not xt._direct((q, k))
+    with _NoTorchFunction():
+        assert not xt._direct((q, k))
+    with torch.profiler.profile():
+        assert not xt._direct((q, k))
+    seen = []
+    torch.func.vmap(lambda x: seen.append(xt._direct((x,))) or x)(q)
+    assert seen == [False]
+
+    class Sub(torch.Tensor):
+        pass
+    assert not xt._direct((q.as_subclass(Sub), k))
+
+
+def test_direct_and_op_calls_agree(rng, mk):
+    """The same calls through the dispatcher (a dispatch mode watching) and past it: the
+    same bits; the cache write bumps the caches' autograd versions either way."""
+    s = small_inputs()
+    lens = s["lens"]
+    qd = torch.randn(2, 4, 32)
+    runs = {
+        "xla_attn::flash_fwd": lambda: xt.flash_attn_varlen(
+            s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"], 6, 7, causal=True, softcap=3.0,
+            return_softmax_lse=True),
+        "xla_attn::paged_attention": lambda: xt.paged_attention(
+            qd, s["kc"], s["vc"], lens, s["table"], torch.arange(3, dtype=torch.int32), 0.3,
+            max_query_len=1),
+    }
+    for name, run in runs.items():
+        direct = run()
+        with _OpCalls() as calls:
+            via_op = run()
+        assert name in calls.names
+        for a, b in zip(torch.utils._pytree.tree_leaves(direct),
+                        torch.utils._pytree.tree_leaves(via_op)):
+            assert torch.equal(a, b), name
+    for watched in (False, True):
+        kc, vc = s["kc"].clone(), s["vc"].clone()
+        versions = kc._version, vc._version
+        with (_OpCalls() if watched else contextlib.nullcontext()):
+            xt.reshape_and_cache_flash(s["k"], s["v"], kc, vc, s["slots"])
+        assert kc._version > versions[0] and vc._version > versions[1]
+        if watched:
+            assert torch.equal(kc, first[0]) and torch.equal(vc, first[1])
+        first = kc, vc
+
+
+def test_dense_offsets_made_once_a_shape():
+    cpu = torch.device("cpu")
+    a = xt._dense_offsets(3, 5, cpu)
+    assert a is xt._dense_offsets(3, 5, cpu)
+    assert a.dtype == torch.int32 and a.tolist() == [0, 5, 10, 15]
+    assert xt._dense_offsets(3, 6, cpu).tolist() == [0, 6, 12, 18]
+
+
+def test_direct_gradients_agree_with_the_op():
+    """Eager gradients through the autograd.Function over the ops' work (_FlashEager) and
+    through the custom op's autograd (a torch function mode watching): the same bits,
+    softmax_lse's cotangent included."""
+    s = small_inputs()
+    dout, dlse = torch.randn_like(s["q"]), torch.randn(4, 10)
+    grads = {}
+    for watched in (False, True):
+        q, k, v = (s[n].clone().requires_grad_(True) for n in "qkv")
+        with (_NoTorchFunction() if watched else contextlib.nullcontext()):
+            out, lse = xt.flash_attn_varlen(q, k, v, s["cu_q"], s["cu_k"], 6, 7, causal=True,
+                                            return_softmax_lse=True)
+            grads[watched] = torch.autograd.grad((out * dout).sum() + (lse * dlse).sum(),
+                                                 (q, k, v))
+        assert (type(out.grad_fn).__name__ == "_FlashEagerBackward") != watched
+    for a, b in zip(grads[False], grads[True]):
+        assert torch.equal(a, b)

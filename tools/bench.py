@@ -82,6 +82,7 @@ TARGET_PEERS = {"dense": "torch-flash", "varlen": "torch-varlen", "decode": "tor
 
 LEGEND = {
     "ours": "xla_attn.jax under jax.jit",
+    "ours-torch": "xla_attn.torch.flash_attn in torch eager mode (--ours-torch)",
     "ours-fp8 (dense)": "xla_attn.jax.flash_attn_varlen on float8_e4m3fn q, k, v (bf16 out), "
                         "forward rows",
     "ours-bf16": "xla_attn.jax.paged_attention, bf16 paged cache, max_query_len=1",
@@ -853,6 +854,8 @@ class Runner:
                                             bwd)]
                     ours = [self._jax_attn("ours", lambda q, k, v, c=causal: xj.flash_attn(
                         q, k, v, causal=c), (q, k, v, do), bwd)]
+                    if self.args.ours_torch:
+                        ours.append(self._ours_torch((q, k, v, do), causal, bwd))
                     if not bwd:
                         ours.append(Impl(
                             "ours-fp8", "jax", self.jax_build(
@@ -865,6 +868,26 @@ class Runner:
             del q, k, v, do, tt, q8, k8, v8
             self.cleanup()
         return rows
+
+    def _ours_torch(self, args, causal, bwd):
+        """xla_attn.torch.flash_attn in eager mode on (B, S, H, D) torch tensors (ours'
+        layout: no transposes), timed as the torch peers are."""
+        def build():
+            torch = self.torch
+            import xla_attn.torch as xt
+            q, k, v, do = (self.to_torch(x) for x in args)
+            if bwd:
+                q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+
+            def fn(i):
+                if not bwd:
+                    with torch.no_grad():
+                        return (xt.flash_attn(q, k, v, causal=causal),)
+                out = xt.flash_attn(q, k, v, causal=causal)
+                return (out,) + torch.autograd.grad(out, (q, k, v), do)
+            return fn
+        return Impl("ours-torch", "torch", build,
+                    lambda outs: tuple(self.to_jax(x) for x in outs))
 
     def _jax_cudnn(self, causal):
         jax = self.jax
@@ -1395,6 +1418,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=0,
                    help="after this many seconds skip the remaining cells (0: none)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seqlens", type=lambda t: tuple(int(x) for x in t.split(",")),
+                   help="dense rows at these S only (comma-separated, e.g. 512,1024)")
+    p.add_argument("--ours-torch", action="store_true",
+                   help="dense rows: also xla_attn.torch in eager mode (cell ours-torch), "
+                        "beside torch's SDPA in the same framework")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes, any jax platform (CPU too): exercises the plumbing only")
     p.add_argument("--selftest", action="store_true",
@@ -1411,6 +1439,8 @@ def main(argv=None) -> int:
     if args.cell_budget is None:
         args.cell_budget = 0.2 if mode == "full" else 0.1
     sizes = Sizes(mode)
+    if args.seqlens:
+        sizes.dense_seqs = args.seqlens
     try:
         runner = Runner(args, sizes)
     except Exception as e:
@@ -1424,7 +1454,8 @@ def main(argv=None) -> int:
     result = {"schema": "xla_attn.bench/2",
               "args": {"mode": mode, "rows": args.rows, "cell_budget": args.cell_budget,
                        "repeats": args.repeats, "seed": args.seed,
-                       "time_limit": args.time_limit},
+                       "time_limit": args.time_limit, "seqlens": args.seqlens,
+                       "ours_torch": args.ours_torch},
               "conventions": {"fwd_bwd_factor": FWD_BWD_FACTOR, "causal_factor": 0.5,
                               "tolerance": TOLERANCE,
                               "ratio": "fastest peer time / our time"},

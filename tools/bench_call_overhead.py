@@ -10,7 +10,8 @@ buffers (CUDA graphs) on and off. The direct launches (torch CUDA tensors, the
 `xla_attn::reshape_and_cache_flash` torch op, which fills the params struct and calls
 the C ABI on torch's stream) are timed the same way, eagerly (Python and torch
 dispatch included) and as 100 launches captured in one CUDA graph and replayed (the
-GPU-side cost alone, what XLA's command buffer is compared with):
+GPU-side cost alone, what XLA's command buffer is compared with); and the torch
+frontend's eager flash, paged and SDPA calls on tiny work (their host time a call):
 
   python3 tools/bench_call_overhead.py
   XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 tools/bench_call_overhead.py
@@ -55,6 +56,7 @@ def main() -> int:
                                       median_seconds(native(1), (x,), 200)) / 100,
     }
     rows.update(direct_launches())
+    rows.update(eager_calls())
     flags = os.environ.get("XLA_FLAGS", "") or "(default: command buffers on)"
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, XLA_FLAGS {flags}")
     for name, seconds in rows.items():
@@ -110,6 +112,59 @@ def direct_launches() -> dict:
     replay = (per_call(graphs[101].replay, 1) - per_call(graphs[1].replay, 1)) / 100
     return {"C ABI launch from torch, eager": eager,
             "C ABI launches in a CUDA graph": replay}
+
+
+def eager_calls(calls: int = 2000, runs: int = 3) -> dict:
+    """Seconds a call of the torch frontend's eager calls on tiny work, `calls` back to
+    back then one sync (the best of `runs`): the host's cost a call, which such work
+    leaves the GPU waiting on; torch's SDPA on the same shape beside (empty when torch
+    has no CUDA). One causal sequence of 256 tokens, 16 heads, d128, bf16 (varlen and
+    dense), and a decode step of 8 sequences over 100 cached tokens."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    import time
+
+    import xla_attn.torch as xt
+
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    n, h, d = 256, 16, 128
+    q, k, v = (torch.randn(n, h, d, dtype=bf16, device=dev) for _ in range(3))
+    cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
+    qb, kb, vb = (x.unsqueeze(0) for x in (q, k, v))
+    qs, ks, vs = (x.transpose(1, 2) for x in (qb, kb, vb))  # SDPA's (B, H, S, D)
+    cache = torch.randn(64, 16, h, d, dtype=bf16, device=dev)
+    query = torch.randn(8, h, d, dtype=bf16, device=dev)
+    lens = torch.full((8,), 100, dtype=torch.int32, device=dev)
+    table = torch.arange(64, dtype=torch.int32, device=dev).reshape(8, 8)
+    starts = torch.arange(9, dtype=torch.int32, device=dev)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    fns = {
+        "torch eager: flash_attn_varlen (256 tokens)":
+            lambda: xt.flash_attn_varlen(q, k, v, cu, cu, n, n, causal=True),
+        "torch eager: flash_attn (dense, 1 x 256)": lambda: xt.flash_attn(qb, kb, vb, causal=True),
+        "torch eager: paged_attention (decode, 8 seqs)":
+            lambda: xt.paged_attention(query, cache, cache, lens, table, starts, 0.1,
+                                       max_query_len=1),
+        "torch eager: F.scaled_dot_product_attention": lambda: sdpa(qs, ks, vs, is_causal=True),
+    }
+    out = {}
+    with torch.no_grad():
+        for name, fn in fns.items():
+            fn()
+            torch.cuda.synchronize()
+            best = float("inf")
+            for _ in range(runs):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+                best = min(best, (time.perf_counter() - start) / calls)
+            out[name] = best
+    return out
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ graph breaks; `flash_fwd` is differentiable through `flash_bwd`; the cache write
 mutates the caches in place, as vLLM's `reshape_and_cache_flash` does.
 The public functions mirror `xla_attn.jax` name for name and argument for argument."""
 
+import functools
 from typing import Optional
 
 import torch
@@ -75,6 +76,37 @@ def _launch(run, params, device: torch.device, with_workspace: bool = True) -> N
         del workspace
 
 
+def _direct(tensors, differentiable=()) -> bool:
+    """Whether an eager call may run an op's implementation itself, past torch.library's
+    dispatch (the flash call's host time a call, kernel stubbed out on a CPU: 48 -> 28
+    us; tools/bench_call_overhead.py): plain tensors, no gradient asked of
+    `differentiable`, no torch.compile, torch function or dispatch mode, functorch
+    transform or profiler. Anything else takes the custom op, which those see."""
+    if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
+            or torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active()
+            or torch._C._autograd._profiler_enabled()):
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in differentiable):
+        return False
+    return all(x is None or type(x) is Tensor for x in tensors)
+
+
+def _dense_offsets(batch: int, seqlen: int, device: torch.device) -> Tensor:
+    """cu_seqlens of `batch` rows of `seqlen` tokens, made once a shape and device in
+    eager calls (a call's two arange launches and their multiplies gone), fresh while
+    torch.compile traces or a CUDA graph is captured (a copy cannot run there)."""
+    if torch.compiler.is_compiling() or (device.type == "cuda" and
+                                         torch.cuda.is_current_stream_capturing()):
+        return torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32, device=device)
+    return _remembered_offsets(batch, seqlen, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _remembered_offsets(batch: int, seqlen: int, device: torch.device) -> Tensor:
+    # made on the host and copied synchronously: ready for any stream that reads it
+    return torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32).to(device)
+
+
 def _cache_code(op: str, cache: Tensor, kv_cache_dtype: str) -> int:
     """Storage format of a cache: its own dtype for "auto", else the fp8 format named
     (a uint8 cache, or a float8 cache of that very format)."""
@@ -101,11 +133,20 @@ def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                softcap: float, window_left: int, window_right: int, max_seqlen_q: int,
                max_seqlen_k: int, deterministic: bool = False) -> tuple[Tensor, Tensor]:
     # deterministic: for the backward (flash_bwd's), carried here for autograd
-    op = "xla_attn::flash_fwd"
     _flash_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 softmax_scale, False, (window_left, window_right), softcap,
                 alibi_slopes, seqused_k, block_table, q_descale, k_descale, v_descale,
-                op=op)
+                op="xla_attn::flash_fwd")
+    return _flash_fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                          alibi_slopes, q_descale, k_descale, v_descale, softmax_scale, softcap,
+                          window_left, window_right, max_seqlen_q, max_seqlen_k)
+
+
+def _flash_fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+                   q_descale, k_descale, v_descale, softmax_scale, softcap, window_left,
+                   window_right, max_seqlen_q, max_seqlen_k):
+    """flash_fwd's work on checked arguments (the op's, or a direct call's)."""
+    op = "xla_attn::flash_fwd"
     _same_device(op, q.device, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                  seqused_k=seqused_k, block_table=block_table, alibi_slopes=alibi_slopes,
                  q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
@@ -175,6 +216,15 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
     _same_device(op, q.device, dout=dout, k=k, v=v, out=out, softmax_lse=softmax_lse,
                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                  alibi_slopes=alibi_slopes, dlse=dlse)
+    return _flash_bwd_run(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                          alibi_slopes, softmax_scale, softcap, window_left, window_right,
+                          max_seqlen_q, max_seqlen_k, deterministic, dlse)
+
+
+def _flash_bwd_run(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                   alibi_slopes, softmax_scale, softcap, window_left, window_right, max_seqlen_q,
+                   max_seqlen_k, deterministic, dlse):
+    """flash_bwd's work on checked arguments (the op's, or the eager backward's own)."""
     dout, q, k, v, out, lse, cu_q, cu_k, used, alibi, dlse = map(
         _dense, (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                  alibi_slopes, dlse))
@@ -222,12 +272,31 @@ def _flash_backward(ctx, dout, dlse):
     else:  # softmax_lse's cotangent rides the same call (D_i = dout_i . out_i - dlse_i)
         dout = torch.zeros_like(q) if dout is None else dout.to(q.dtype)
         dlse = None if dlse is None else dlse.to(torch.float32)
-        grads = torch.ops.xla_attn.flash_bwd(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k,
-                                             alibi, *ctx.attributes, dlse)
+        args = (dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi, *ctx.attributes, dlse)
+        direct = _direct(args[:10] + (dlse,), differentiable=args[:5])  # create_graph: the op
+        run = _flash_bwd_run if direct else torch.ops.xla_attn.flash_bwd
+        grads = run(*args)
     return tuple(grads) + (None,) * 15
 
 
 _flash_fwd.register_autograd(_flash_backward, setup_context=_flash_setup_context)
+
+
+class _FlashEager(torch.autograd.Function):
+    """Eager calls that want gradients, on plain tensors (_direct): flash_fwd's and
+    flash_bwd's work under an autograd.Function, as the custom op's autograd does;
+    that path (torch.library's fill_defaults over the op's 18 arguments, dispatch)
+    cost ~2/3 of a fwd+bwd call's 570 us of host time (kernels stubbed out, a CPU)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _flash_fwd_run(*inputs[:-1])  # the last input: deterministic
+        _flash_setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _flash_backward(ctx, dout, dlse)
 
 
 # ---------------------------------------------------------------- paged attention op
@@ -237,12 +306,19 @@ def _paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, seq_
                      k_scale: Optional[Tensor], v_scale: Optional[Tensor],
                      alibi_slopes: Optional[Tensor], scale: float, soft_cap: float,
                      sliding_window: int, kv_cache_dtype: str, max_query_len: int) -> Tensor:
-    op = "xla_attn::paged_attention"
     spec = _paged_spec(query, key_cache, value_cache, seq_lens, block_tables,
                        query_start_loc, scale,
                        sliding_window if sliding_window > 0 else None, soft_cap,
                        k_scale, v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
                        max_query_len if max_query_len > 0 else None)
+    return _paged_attention_run(spec, query, key_cache, value_cache, seq_lens, block_tables,
+                                query_start_loc, num_seqs, k_scale, v_scale, alibi_slopes)
+
+
+def _paged_attention_run(spec, query, key_cache, value_cache, seq_lens, block_tables,
+                         query_start_loc, num_seqs, k_scale, v_scale, alibi_slopes):
+    """paged_attention's work on checked arguments and their spec."""
+    op = "xla_attn::paged_attention"
     _same_device(op, query.device, key_cache=key_cache, value_cache=value_cache,
                  seq_lens=seq_lens, block_tables=block_tables, query_start_loc=query_start_loc,
                  num_seqs=num_seqs, k_scale=k_scale, v_scale=v_scale, alibi_slopes=alibi_slopes)
@@ -278,9 +354,14 @@ def _paged_attention_fake(query, key_cache, value_cache, seq_lens, block_tables,
 def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                  slot_mapping: Tensor, k_scale: Optional[Tensor], v_scale: Optional[Tensor],
                  kv_cache_dtype: str) -> None:
-    op = "xla_attn::reshape_and_cache_flash"
     fmt = _cache_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                       k_scale, v_scale)
+    _cache_write_run(fmt, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
+
+
+def _cache_write_run(fmt, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
+    """reshape_and_cache_flash's work on checked arguments and their format."""
+    op = "xla_attn::reshape_and_cache_flash"
     _same_device(op, key.device, value=value, key_cache=key_cache, value_cache=value_cache,
                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
     key, value, slots, ks, vs = map(_dense, (key, value, slot_mapping, k_scale, v_scale))
@@ -325,10 +406,15 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
                        softmax_scale, causal, window_size, softcap, alibi_slopes,
                        seqused_k, block_table, q_descale, k_descale, v_descale,
                        deterministic=deterministic)
-    out, lse = torch.ops.xla_attn.flash_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale,
-        k_descale, v_descale, spec.softmax_scale, spec.softcap, spec.window_left,
-        spec.window_right, spec.max_seqlen_q, spec.max_seqlen_k, spec.deterministic)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+            q_descale, k_descale, v_descale, spec.softmax_scale, spec.softcap,
+            spec.window_left, spec.window_right, spec.max_seqlen_q, spec.max_seqlen_k)
+    if not _direct(args[:11]):
+        out, lse = torch.ops.xla_attn.flash_fwd(*args, spec.deterministic)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _FlashEager.apply(*args, spec.deterministic)
+    else:
+        out, lse = _flash_fwd_run(*args)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -349,8 +435,8 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
     b, sq, sk = _ops.flash_dense_check(q, k, v)
     bad = None
     if q_segment_ids is None and kv_segment_ids is None:
-        cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sq
-        cu_k = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sk
+        cu_q = _dense_offsets(b, sq, q.device)
+        cu_k = cu_q if sk == sq else _dense_offsets(b, sk, q.device)
         max_q, max_k = sq, sk
     else:
         bound = _ops.segment_ids_check(q_segment_ids, kv_segment_ids, b, sq, sk, max_segments)
@@ -384,10 +470,13 @@ def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query
                        query_start_loc, scale, sliding_window, soft_cap, k_scale,
                        v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
                        max_query_len)
+    tensors = (query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
+               num_seqs, k_scale, v_scale, alibi_slopes)
+    if _direct(tensors):
+        return _paged_attention_run(spec, *tensors)
     return torch.ops.xla_attn.paged_attention(
-        query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, num_seqs, k_scale,
-        v_scale, alibi_slopes, spec.scale, spec.soft_cap, spec.sliding_window,
-        spec.kv_cache_dtype, spec.max_query_len)
+        *tensors, spec.scale, spec.soft_cap, spec.sliding_window, spec.kv_cache_dtype,
+        spec.max_query_len)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
@@ -397,5 +486,10 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     quantize as `x / scale`. Returns None."""
     fmt = _cache_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                       k_scale, v_scale)
-    torch.ops.xla_attn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
-                                               k_scale, v_scale, fmt)
+    tensors = (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
+    if _direct(tensors, differentiable=(key_cache, value_cache)):
+        _cache_write_run(fmt, *tensors)
+        # what the op's mutates_args does: autograd sees the caches written
+        torch.autograd.graph.increment_version((key_cache, value_cache))
+    else:
+        torch.ops.xla_attn.reshape_and_cache_flash(*tensors, fmt)

@@ -174,6 +174,33 @@ def test_reshape_and_cache_flash_in_a_cuda_graph():
     assert torch.equal(vc.reshape(16, 2, 32)[slots], key)
 
 
+@pytest.mark.parametrize("seen_before", [False, True])
+def test_flash_dense_in_a_cuda_graph(rng, mk, seen_before):
+    """The dense layout's offsets inside a capture: made there for a shape first met
+    there (a host copy cannot run in a capture), the remembered ones for a shape met
+    before; the graph replayed on new inputs, its output poisoned first."""
+    b, s, h, d = 3, 70 + seen_before, 2, 64  # shapes no other test meets
+    shape = (b, s, h, d)
+    q, k, v = (cases.tt(mk.random_array(rng, shape, "bfloat16"), DEVICE) for _ in range(3))
+    # warm up (module load); only the seen shape's offsets are remembered
+    xt.flash_attn(q if seen_before else q[:1], k if seen_before else k[:1],
+                  v if seen_before else v[:1], causal=True)
+    torch.cuda.synchronize()
+    remembered = xt._remembered_offsets.cache_info().currsize
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = xt.flash_attn(q, k, v, causal=True)
+    assert xt._remembered_offsets.cache_info().currsize == remembered
+    new = [mk.random_array(rng, shape, "bfloat16") for _ in range(3)]
+    for t, x in zip((q, k, v), new):
+        t.copy_(cases.tt(x, DEVICE))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    expected, _ = cases.ref.flash_attn_ref(*new, causal=True)
+    cases.assert_close(out, expected, cases.ref.BOUNDS["bfloat16"])
+
+
 @pytest.fixture
 def workspace_sizes(monkeypatch):
     """Records what xla_attn_workspace_size asked for on each CUDA call."""
