@@ -36,6 +36,7 @@ def _eager_cached(spec):
 _flash_spec = _eager_cached(_ops.flash_varlen_spec)
 _paged_spec = _eager_cached(_ops.paged_attention_spec)
 _cache_spec = _eager_cached(_ops.reshape_and_cache_flash_spec)
+_dense_check = _eager_cached(_ops.flash_dense_check)
 
 
 # ---------------------------------------------------------------- plumbing
@@ -78,8 +79,9 @@ def _launch(run, params, device: torch.device, with_workspace: bool = True) -> N
 
 def _direct(tensors, differentiable=()) -> bool:
     """Whether an eager call may run an op's implementation itself, past torch.library's
-    dispatch (the flash call's host time a call, kernel stubbed out on a CPU: 48 -> 28
-    us; tools/bench_call_overhead.py): plain tensors, no gradient asked of
+    dispatch (host time a call, kernels stubbed out, on a CPU: flash varlen 48 -> 29 us,
+    paged decode 42 -> 22; on an H200's host, tools/bench_call_overhead.py's eager rows:
+    104-197 -> 64-68, 96-125 -> 58-71): plain tensors, no gradient asked of
     `differentiable`, no torch.compile, torch function or dispatch mode, functorch
     transform or profiler. Anything else takes the custom op, which those see."""
     if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
@@ -286,7 +288,8 @@ class _FlashEager(torch.autograd.Function):
     """Eager calls that want gradients, on plain tensors (_direct): flash_fwd's and
     flash_bwd's work under an autograd.Function, as the custom op's autograd does;
     that path (torch.library's fill_defaults over the op's 18 arguments, dispatch)
-    cost ~2/3 of a fwd+bwd call's 570 us of host time (kernels stubbed out, a CPU)."""
+    cost ~2/3 of a fwd+bwd call's 480-570 us of host time (kernels stubbed out, a CPU:
+    160-250 us with this Function)."""
 
     @staticmethod
     def forward(ctx, *inputs):
@@ -432,7 +435,7 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
     device ids are converted on the device without a sync, and ids that break the rule
     give NaN outputs. `max_segments` (an int) bounds the segments per row
     (default min(Sq, Sk)); a tight bound keeps the launch small on GPUs."""
-    b, sq, sk = _ops.flash_dense_check(q, k, v)
+    b, sq, sk = _dense_check(q, k, v)
     bad = None
     if q_segment_ids is None and kv_segment_ids is None:
         cu_q = _dense_offsets(b, sq, q.device)
