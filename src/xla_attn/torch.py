@@ -77,6 +77,16 @@ def _launch(run, params, device: torch.device, with_workspace: bool = True) -> N
         del workspace
 
 
+def _watching() -> bool:  # a torch without one of these (older than we test) never goes direct
+    return True
+
+
+_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", _watching)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", _watching)
+_functorch = getattr(torch._C, "_are_functorch_transforms_active", _watching)
+_profiling = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", _watching)
+
+
 def _direct(tensors, differentiable=()) -> bool:
     """Whether an eager call may run an op's implementation itself, past torch.library's
     dispatch (host time a call, kernels stubbed out, on a CPU: flash varlen 48 -> 29 us,
@@ -84,9 +94,8 @@ def _direct(tensors, differentiable=()) -> bool:
     104-197 -> 64-68, 96-125 -> 58-71): plain tensors, no gradient asked of
     `differentiable`, no torch.compile, torch function or dispatch mode, functorch
     transform or profiler. Anything else takes the custom op, which those see."""
-    if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
-            or torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active()
-            or torch._C._autograd._profiler_enabled()):
+    if (torch.compiler.is_compiling() or _function_mode() or _dispatch_modes() or _functorch()
+            or _profiling()):
         return False
     if torch.is_grad_enabled() and any(x.requires_grad for x in differentiable):
         return False
@@ -493,6 +502,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     if _direct(tensors, differentiable=(key_cache, value_cache)):
         _cache_write_run(fmt, *tensors)
         # what the op's mutates_args does: autograd sees the caches written
-        torch.autograd.graph.increment_version((key_cache, value_cache))
+        for cache in (key_cache, value_cache):
+            torch.autograd.graph.increment_version(cache)
     else:
         torch.ops.xla_attn.reshape_and_cache_flash(*tensors, fmt)
