@@ -8,7 +8,8 @@ Rows (bf16 unless stated; "ours" is xla_attn.jax under jax.jit):
   dense   flash_attn, (B, S, H, D) layout, causal and full, S 512..16384 with B = 16384 // S
           (16k tokens), head_dim 64/128/256 with H = 2048 // head_dim; fwd and fwd+bwd.
           Peers: torch SDPA forced to FLASH_ATTENTION and to CUDNN_ATTENTION ((B, H, S, D)),
-          jax.nn.dot_product_attention(implementation="cudnn") ((B, S, H, D)).
+          jax.nn.dot_product_attention(implementation="cudnn") ((B, S, H, D)). --ours-torch
+          adds xla_attn.torch.flash_attn in eager mode (ours-torch), the torch peers' framework.
   varlen  flash_attn_varlen, 16 causal sequences of random lengths (mean 1024, fixed seed),
           16 heads, head_dim 128; fwd and fwd+bwd. Peers: torch.nn.attention.varlen, JAX cuDNN
           packed (offsets form) and padded (seq lengths), torch SDPA FLASH on a padded batch.
