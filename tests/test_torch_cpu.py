@@ -714,3 +714,19 @@ def test_direct_gradients_agree_with_the_op():
         assert (type(out.grad_fn).__name__ == "_FlashEagerBackward") != watched
     for a, b in zip(grads[False], grads[True]):
         assert torch.equal(a, b)
+
+
+def test_direct_calls_under_inference_mode():
+    """A serving loop's pattern: caches and queries made under torch.inference_mode, the
+    write and the attention run direct there, and on those tensors outside it."""
+    s = small_inputs()
+    with torch.inference_mode():
+        kc, vc = s["kc"].clone(), s["vc"].clone()
+        xt.reshape_and_cache_flash(s["k"], s["v"], kc, vc, s["slots"])
+        out = xt.paged_attention(s["q"][:2], kc, vc, s["lens"], s["table"],
+                                 torch.arange(3, dtype=torch.int32), 0.3, max_query_len=1)
+    assert torch.equal(kc.reshape(16, 2, 32)[s["slots"]], s["k"])
+    assert torch.equal(vc.reshape(16, 2, 32)[s["slots"]], s["v"])
+    again = xt.paged_attention(s["q"][:2], kc, vc, s["lens"], s["table"],
+                               torch.arange(3, dtype=torch.int32), 0.3, max_query_len=1)
+    assert torch.isfinite(out).all() and torch.equal(out, again)
