@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 
 def main() -> int:
@@ -64,6 +65,25 @@ def main() -> int:
     return 0
 
 
+def per_call(fn, calls: int, repeats: int = 50, pick=None) -> float:
+    """Seconds a call of fn() (`calls` calls, then a torch CUDA sync), after a warm-up:
+    the median of `repeats` samples, or pick(samples)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) / calls)
+    if pick is not None:
+        return pick(samples)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
 def direct_launches() -> dict:
     """Per-launch seconds of the same cache write through the C ABI from torch: eager,
     and replayed from a CUDA graph of 100 launches (empty when torch has no CUDA)."""
@@ -73,8 +93,6 @@ def direct_launches() -> dict:
         return {}
     if not torch.cuda.is_available():
         return {}
-    import time
-
     import xla_attn.torch as xt
 
     dev = torch.device("cuda")
@@ -85,18 +103,6 @@ def direct_launches() -> dict:
     def launches(n):
         for _ in range(n):
             xt.reshape_and_cache_flash(key, key, kc, vc, slot)
-
-    def per_call(fn, calls, repeats=50):
-        fn()
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            samples.append((time.perf_counter() - start) / calls)
-        samples.sort()
-        return samples[len(samples) // 2]
 
     eager = per_call(lambda: launches(100), 100)
     stream = torch.cuda.Stream()
@@ -126,8 +132,6 @@ def eager_calls(calls: int = 2000, runs: int = 3) -> dict:
         return {}
     if not torch.cuda.is_available():
         return {}
-    import time
-
     import xla_attn.torch as xt
 
     dev, bf16 = torch.device("cuda"), torch.bfloat16
@@ -151,20 +155,13 @@ def eager_calls(calls: int = 2000, runs: int = 3) -> dict:
                                        max_query_len=1),
         "torch eager: F.scaled_dot_product_attention": lambda: sdpa(qs, ks, vs, is_causal=True),
     }
-    out = {}
-    with torch.no_grad():
-        for name, fn in fns.items():
+    def back_to_back(fn):
+        for _ in range(calls):
             fn()
-            torch.cuda.synchronize()
-            best = float("inf")
-            for _ in range(runs):
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                torch.cuda.synchronize()
-                best = min(best, (time.perf_counter() - start) / calls)
-            out[name] = best
-    return out
+
+    with torch.no_grad():
+        return {name: per_call(lambda f=fn: back_to_back(f), calls, runs, pick=min)
+                for name, fn in fns.items()}
 
 
 if __name__ == "__main__":
