@@ -730,3 +730,88 @@ def test_direct_calls_under_inference_mode():
     again = xt.paged_attention(s["q"][:2], kc, vc, s["lens"], s["table"],
                                torch.arange(3, dtype=torch.int32), 0.3, max_query_len=1)
     assert torch.isfinite(out).all() and torch.equal(out, again)
+
+
+def _plan_runs(monkeypatch):
+    """Counts the flash checks an eager call makes (none where a plan takes it)."""
+    checks = []
+    real = xt._flash_spec
+    monkeypatch.setattr(xt, "_flash_spec", lambda *a, **k: checks.append(1) or real(*a, **k))
+    return checks
+
+
+def test_plans_take_repeated_calls_with_their_own_data(monkeypatch):
+    """An eager call's plan (xt._Plan) runs the next calls of its signature without the
+    checks, on those calls' own tensors: the same results as the checked call on them,
+    and each call's outputs its own; a change of shape, dtype, value or value type is
+    another signature, checked anew."""
+    monkeypatch.setattr(xt, "_plans", {})
+    checks = _plan_runs(monkeypatch)
+    s = small_inputs()
+    cu_q, cu_k = s["cu_q"], s["cu_k"]
+    varlen = lambda seed, **kw: xt.flash_attn_varlen(  # noqa: E731
+        *(small_inputs(seed=seed)[n] for n in "qkv"), cu_q, cu_k, 6, 7, causal=True,
+        return_softmax_lse=True, **kw)
+    dense = lambda q, **kw: xt.flash_attn(q, q[:, :5], q[:, :5], causal=True, **kw)  # noqa: E731
+    first = varlen(1)
+    assert len(checks) == 1
+    outs = [varlen(seed) for seed in (2, 3)]
+    assert len(checks) == 1  # both planned
+    monkeypatch.setattr(xt, "_plans", {})
+    for seed, (out, lse) in zip((2, 3), outs):
+        checked_out, checked_lse = varlen(seed)
+        assert torch.equal(out, checked_out) and torch.equal(lse, checked_lse)
+    assert not torch.equal(outs[0][0], outs[1][0]) and outs[0][0] is not first[0]
+    n = len(checks)
+    varlen(1, softcap=2.0)
+    varlen(1, softcap=2)  # an int where a float was: another signature
+    varlen(1, window_size=(3, 0))
+    assert len(checks) == n + 3
+    g = torch.Generator().manual_seed(4)
+    qs = [torch.randn(2, 8, 4, 32, generator=g) for _ in range(3)]
+    planned = [dense(q) for q in qs]
+    n = len(checks)
+    assert n == len(checks) and [dense(q).shape for q in qs] == [(2, 8, 4, 32)] * 3
+    monkeypatch.setattr(xt, "_plans", {})
+    for q, out in zip(qs, planned):
+        assert torch.equal(out, dense(q))
+    out, lse = dense(qs[0], return_softmax_lse=True)
+    assert lse.shape == (2, 4, 8) and torch.equal(out, planned[0])
+
+
+def test_plans_only_for_plain_contiguous_calls_without_gradients(monkeypatch):
+    """No plan where the call is not one _direct runs, asks for gradients, or takes a
+    strided tensor; bad arguments are refused on every call, planned signatures or not."""
+    monkeypatch.setattr(xt, "_plans", {})
+    s = small_inputs()
+    q, k, v, cu_q, cu_k = (s[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+    values = (6, 7, None, True, (-1, -1), 0.0, False)
+    tensors = (q, k, v, cu_q, cu_k) + (None,) * 6
+    assert xt._signature("v", tensors, values, (q, k, v)) is not None
+    grad_q = q.clone().requires_grad_(True)
+    assert xt._signature("v", (grad_q,) + tensors[1:], values, (grad_q, k, v)) is None
+    strided = torch.randn(10, 4, 64)[..., ::2]
+    assert xt._signature("v", (strided,) + tensors[1:], values) is None
+    assert xt._signature("v", tensors, values[:4] + ([-1, -1],) + values[5:]) is None
+    with _NoTorchFunction():
+        assert xt._signature("v", tensors, values) is None
+    checks = _plan_runs(monkeypatch)
+    expected = xt.flash_attn_varlen(strided.contiguous(), k, v, cu_q, cu_k, 6, 7, causal=True)
+    for _ in range(2):
+        assert torch.equal(xt.flash_attn_varlen(strided, k, v, cu_q, cu_k, 6, 7, causal=True),
+                           expected)
+    assert len(checks) == 3 and len(xt._plans) == 1  # the strided calls checked each time
+    for _ in range(2):
+        with pytest.raises(ValueError, match="v must have k's shape"):
+            xt.flash_attn_varlen(q, k, v[:5], cu_q, cu_k, 6, 7, causal=True)
+    assert len(xt._plans) == 1
+
+
+def test_plans_start_over_past_their_bound(monkeypatch):
+    monkeypatch.setattr(xt, "_plans", {})
+    monkeypatch.setattr(xt, "_MAX_PLANS", 2)
+    s = small_inputs()
+    for scale in (0.1, 0.2, 0.3):
+        xt.flash_attn_varlen(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"], 6, 7,
+                             softmax_scale=scale)
+    assert len(xt._plans) == 1

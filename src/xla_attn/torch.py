@@ -60,21 +60,111 @@ def _same_device(op: str, device: torch.device, **tensors) -> None:
                              f"got {x.device}")
 
 
-def _launch(run, params, device: torch.device, with_workspace: bool = True) -> None:
+def _launch(run, params, device: torch.device, with_workspace: bool = True,
+            workspace_bytes: Optional[int] = None) -> None:
     """Runs `params` on the Host, or on `device`'s current torch stream with the
-    workspace the library asks for (freed stream-ordered by torch's allocator; none
-    when `with_workspace` is False)."""
+    workspace the library asks for (`workspace_bytes` where the caller knows it: a
+    plan's; freed stream-ordered by torch's allocator; none when `with_workspace` is
+    False)."""
     if device.type == "cpu":
         run(params, _capi.HOST)
         return
     with torch.cuda.device(device):
-        size = _capi.workspace_size(params) if with_workspace else 0
+        size = (workspace_bytes if workspace_bytes is not None else
+                _capi.workspace_size(params) if with_workspace else 0)
         workspace = None
         if size:
             workspace = torch.empty(size, dtype=torch.uint8, device=device)
-            params.fill(workspace=workspace.data_ptr(), workspace_bytes=size)
-        run(params, _capi.CUDA, torch.cuda.current_stream(device).cuda_stream)
+            params.workspace, params.workspace_bytes = workspace.data_ptr(), size
+        run(params, _capi.CUDA, _current_stream(device))
         del workspace
+
+
+def _workspace_bytes(params, device: torch.device) -> int:
+    """What `params` need of a workspace on `device` (the library sizes it for the
+    device's GPU: current while it is asked)."""
+    if device.type == "cpu":
+        return 0
+    with torch.cuda.device(device):
+        return _capi.workspace_size(params)
+
+
+def _current_stream(device: torch.device) -> int:
+    """The raw handle of `device`'s current torch stream."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+# torch's own raw-stream query (what its Triton launcher uses) where this torch has it: a
+# plain int, without the torch.cuda.Stream object current_stream builds (~1 us a call)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+if _raw_stream is not None:
+    def _current_stream(device: torch.device) -> int:  # noqa: F811
+        return _raw_stream(device.index if device.index is not None
+                           else torch.cuda.current_device())
+
+
+# ---------------------------------------------------------------- eager plans
+class _Plan:
+    """An op's work on one call signature past its checks, for the eager calls that
+    repeat it (a serving or training loop calls each attention with the same shapes):
+    the params struct filled but for the tensors' addresses, the outputs' shapes and
+    dtypes, and the workspace's size. A call then copies the struct, sets its
+    addresses, allocates its outputs and launches; the checks (raised on the call that
+    made the plan) ran once. Host time a call, kernels stubbed out, on a CPU:
+    docs/benchmarks.md 2026-12-03 (60)."""
+
+    __slots__ = ("run", "params", "fields", "outputs", "workspace_bytes")
+
+    def __init__(self, run, params, fields, outputs, workspace_bytes):
+        self.run, self.params, self.fields = run, params, fields
+        self.outputs, self.workspace_bytes = outputs, workspace_bytes
+
+    def __call__(self, device: torch.device, tensors) -> list:
+        """Runs on `tensors` (one a name of `fields`, then the outputs': made here)."""
+        p = type(self.params).from_buffer_copy(self.params)
+        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs]
+        for name, x in zip(self.fields, (*tensors, *outs)):
+            if x is not None:
+                setattr(p, name, x.data_ptr())
+        _launch(self.run, p, device, workspace_bytes=self.workspace_bytes)
+        return outs
+
+
+_plans: dict = {}  # call signature (_signature) -> _Plan
+_MAX_PLANS = 256   # past it the plans start over (a workload's shapes number far fewer)
+
+
+def _signature(op: str, tensors, values, differentiable=()):
+    """The call's key in _plans, or None where it cannot take a plan: it is not one
+    _direct may run (or asks for gradients), or a tensor is not contiguous (the plans
+    take the addresses as they are). Tensors by shape, dtype and device; the other
+    arguments by value and type (1, 1.0 and True are different calls to the checks)."""
+    key = [op]
+    for x in tensors:
+        if x is None:
+            key.append(None)
+        elif type(x) is Tensor and x.is_contiguous():
+            key.append((x.shape, x.dtype, x.device))
+        else:
+            return None
+    for v in values:
+        key.append((type(v), tuple((type(e), e) for e in v) if type(v) is tuple else v))
+    key = tuple(key)
+    if not _direct((), differentiable):
+        return None
+    try:
+        hash(key)
+    except TypeError:  # e.g. a list argument: the checks say what they make of it
+        return None
+    return key
+
+
+def _remember(signature, plan: _Plan) -> None:
+    if signature is None:
+        return
+    if len(_plans) >= _MAX_PLANS:
+        _plans.clear()
+    _plans[signature] = plan
 
 
 def _watching() -> bool:  # a torch without one of these (older than we test) never goes direct
@@ -157,38 +247,45 @@ def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                           window_left, window_right, max_seqlen_q, max_seqlen_k)
 
 
+# flash_fwd's tensors in the order its runs take them, then its outputs
+_FLASH_FWD_FIELDS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
+                     "alibi_slopes", "q_descale", "k_descale", "v_descale", "out", "softmax_lse")
+
+
 def _flash_fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                    q_descale, k_descale, v_descale, softmax_scale, softcap, window_left,
-                   window_right, max_seqlen_q, max_seqlen_k):
-    """flash_fwd's work on checked arguments (the op's, or a direct call's)."""
+                   window_right, max_seqlen_q, max_seqlen_k, remember=None):
+    """flash_fwd's work on checked arguments (the op's, or a direct call's); its plan
+    kept under `remember` (a _signature) where given."""
     op = "xla_attn::flash_fwd"
     _same_device(op, q.device, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                  seqused_k=seqused_k, block_table=block_table, alibi_slopes=alibi_slopes,
                  q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    q, k, v, cu_q, cu_k, used, table, alibi, qd, kd, vd = map(
-        _dense, (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
-                 q_descale, k_descale, v_descale))
+    tensors = tuple(map(_dense, (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                                 alibi_slopes, q_descale, k_descale, v_descale)))
+    q, k, v, cu_q, cu_k, used, table, alibi, qd, kd, vd = tensors
     total_q, num_heads, head_dim = q.shape
     batch = cu_q.shape[0] - 1
-    out = q.new_empty(q.shape, dtype=_flash_out_dtype(q))
-    lse = q.new_empty((num_heads, total_q), dtype=torch.float32)
+    out_dtype = _flash_out_dtype(q)
     p = _capi.FlashFwdParams().fill(
-        q=_ptr(q), k=_ptr(k), v=_ptr(v), out=_ptr(out), softmax_lse=_ptr(lse),
-        cu_seqlens_q=_ptr(cu_q), cu_seqlens_k=_ptr(cu_k), seqused_k=_ptr(used),
-        block_table=_ptr(table), alibi_slopes=_ptr(alibi), q_descale=_ptr(qd),
-        k_descale=_ptr(kd), v_descale=_ptr(vd), total_q=total_q, batch=batch,
+        total_q=total_q, batch=batch,
         num_heads=num_heads, num_heads_k=k.shape[-2], head_dim=head_dim,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
         alibi_batch_stride=num_heads if alibi is not None and alibi.dim() == 2 and batch > 1
         else 0,
         window_left=window_left, window_right=window_right, softmax_scale=softmax_scale,
-        softcap=softcap, q_dtype=_code(q), kv_dtype=_code(k), out_dtype=_code(out))
+        softcap=softcap, q_dtype=_code(q), kv_dtype=_code(k),
+        out_dtype=_capi.DTYPE_CODES[str(out_dtype).removeprefix("torch.")])
     if table is not None:
         p.fill(num_blocks=k.shape[0], block_size=k.shape[1], max_blocks_per_seq=table.shape[1],
                total_k=k.shape[0] * k.shape[1])
     else:
         p.fill(total_k=k.shape[0])
-    _launch(_capi.flash_fwd, p, q.device)
+    plan = _Plan(_capi.flash_fwd, p, _FLASH_FWD_FIELDS,
+                 ((q.shape, out_dtype), ((num_heads, total_q), torch.float32)),
+                 _workspace_bytes(p, q.device))
+    out, lse = plan(q.device, tensors)
+    _remember(remember, plan)
     return out, lse
 
 
@@ -331,29 +428,35 @@ def _paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, seq_
                                 query_start_loc, num_seqs, k_scale, v_scale, alibi_slopes)
 
 
+# paged_attention's tensors in the order its runs take them, then its output
+_PAGED_FIELDS = ("query", "key_cache", "value_cache", "seq_lens", "block_tables",
+                 "query_start_loc", "num_seqs", "k_scale", "v_scale", "alibi_slopes", "out")
+
+
 def _paged_attention_run(spec, query, key_cache, value_cache, seq_lens, block_tables,
-                         query_start_loc, num_seqs, k_scale, v_scale, alibi_slopes):
-    """paged_attention's work on checked arguments and their spec."""
+                         query_start_loc, num_seqs, k_scale, v_scale, alibi_slopes,
+                         remember=None):
+    """paged_attention's work on checked arguments and their spec; its plan kept under
+    `remember` (a _signature) where given."""
     op = "xla_attn::paged_attention"
     _same_device(op, query.device, key_cache=key_cache, value_cache=value_cache,
                  seq_lens=seq_lens, block_tables=block_tables, query_start_loc=query_start_loc,
                  num_seqs=num_seqs, k_scale=k_scale, v_scale=v_scale, alibi_slopes=alibi_slopes)
-    query, kc, vc, lens, tables, qsl, n, ks, vs, alibi = map(
-        _dense, (query, key_cache, value_cache, seq_lens, block_tables, query_start_loc, num_seqs,
-                 k_scale, v_scale, alibi_slopes))
-    out = query.new_empty(query.shape)
+    tensors = tuple(map(_dense, (query, key_cache, value_cache, seq_lens, block_tables,
+                                 query_start_loc, num_seqs, k_scale, v_scale, alibi_slopes)))
+    query, kc, vc, lens, tables = tensors[:5]
     total_q, num_heads, head_dim = query.shape
     p = _capi.PagedAttentionParams().fill(
-        query=_ptr(query), key_cache=_ptr(kc), value_cache=_ptr(vc), out=_ptr(out),
-        seq_lens=_ptr(lens), block_tables=_ptr(tables), query_start_loc=_ptr(qsl),
-        num_seqs=_ptr(n), k_scale=_ptr(ks), v_scale=_ptr(vs), alibi_slopes=_ptr(alibi),
         total_q=total_q,
         max_num_seqs=lens.shape[0], num_heads=num_heads, num_heads_k=kc.shape[2],
         head_dim=head_dim, num_blocks=kc.shape[0], block_size=kc.shape[1],
         max_blocks_per_seq=tables.shape[1], sliding_window=spec.sliding_window,
         scale=spec.scale, soft_cap=spec.soft_cap, q_dtype=_code(query),
         cache_dtype=_cache_code(op, kc, spec.kv_cache_dtype), max_query_len=spec.max_query_len)
-    _launch(_capi.paged_attention, p, query.device)
+    plan = _Plan(_capi.paged_attention, p, _PAGED_FIELDS, ((query.shape, query.dtype),),
+                 _workspace_bytes(p, query.device))
+    (out,) = plan(query.device, tensors)
+    _remember(remember, plan)
     return out
 
 
@@ -375,8 +478,15 @@ def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, valu
     _cache_write_run(fmt, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
 
-def _cache_write_run(fmt, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
-    """reshape_and_cache_flash's work on checked arguments and their format."""
+# reshape_and_cache_flash's tensors in the order its runs take them
+_CACHE_FIELDS = ("key", "value", "key_cache", "value_cache", "slot_mapping", "k_scale",
+                 "v_scale")
+
+
+def _cache_write_run(fmt, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+                     remember=None):
+    """reshape_and_cache_flash's work on checked arguments and their format; its plan
+    kept under `remember` (a _signature) where given."""
     op = "xla_attn::reshape_and_cache_flash"
     _same_device(op, key.device, value=value, key_cache=key_cache, value_cache=value_cache,
                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
@@ -386,12 +496,14 @@ def _cache_write_run(fmt, key, value, key_cache, value_cache, slot_mapping, k_sc
     kc, vc = key_cache.contiguous(), value_cache.contiguous()
     num_blocks, block_size, num_heads_k, head_dim = kc.shape
     p = _capi.CacheWriteParams().fill(
-        key=_ptr(key), value=_ptr(value), key_cache=_ptr(kc), value_cache=_ptr(vc),
-        slot_mapping=_ptr(slots), k_scale=_ptr(ks), v_scale=_ptr(vs), num_tokens=key.shape[0],
+        num_tokens=key.shape[0],
         num_slots=num_blocks * block_size, num_heads_k=num_heads_k, head_dim=head_dim,
         block_size=block_size, num_blocks=num_blocks, src_dtype=_code(key),
         cache_dtype=_cache_code(op, kc, fmt), slot_dtype=_code(slots))
-    _launch(_capi.reshape_and_cache_flash, p, key.device)
+    plan = _Plan(_capi.reshape_and_cache_flash, p, _CACHE_FIELDS, (),
+                 _workspace_bytes(p, key.device))
+    plan(key.device, (key, value, kc, vc, slots, ks, vs))
+    _remember(remember, plan)
     if kc is not key_cache:
         key_cache.copy_(kc)
     if vc is not value_cache:
@@ -418,20 +530,36 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     alike (one backward call either way). On CUDA (and on torch_xla's CUDA devices) the
     backward adds dq up with float atomics (its last bits may vary from run to run, as
     flash-attn's); `deterministic=True` takes the slower backward without them."""
-    spec = _flash_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       softmax_scale, causal, window_size, softcap, alibi_slopes,
-                       seqused_k, block_table, q_descale, k_descale, v_descale,
-                       deterministic=deterministic)
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
-            q_descale, k_descale, v_descale, spec.softmax_scale, spec.softcap,
-            spec.window_left, spec.window_right, spec.max_seqlen_q, spec.max_seqlen_k)
-    if not _direct(args[:11]):
-        out, lse = torch.ops.xla_attn.flash_fwd(*args, spec.deterministic)
-    elif _grad_asked((q, k, v)):
-        out, lse = _FlashEager.apply(*args, spec.deterministic)
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+               q_descale, k_descale, v_descale)
+    sig = _signature("flash_attn_varlen", tensors, (max_seqlen_q, max_seqlen_k, softmax_scale,
+                                                    causal, window_size, softcap, deterministic),
+                     differentiable=(q, k, v))
+    plan = _plans.get(sig) if sig is not None else None
+    if plan is not None:
+        out, lse = plan(q.device, tensors)
     else:
-        out, lse = _flash_fwd_run(*args)
+        out, lse = _flash_forward(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                  window_size, softcap, deterministic, sig)
     return (out, lse) if return_softmax_lse else out
+
+
+def _flash_forward(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size,
+                   softcap, deterministic, remember):
+    """flash_attn_varlen's checks and forward on `tensors` (_FLASH_FWD_FIELDS' inputs):
+    through the custom op, the eager autograd Function, or directly (its plan kept
+    under `remember`)."""
+    q, k, v, cu_q, cu_k, seqused_k, block_table, alibi, qd, kd, vd = tensors
+    spec = _flash_spec(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                       window_size, softcap, alibi, seqused_k, block_table, qd, kd, vd,
+                       deterministic=deterministic)
+    args = (*tensors, spec.softmax_scale, spec.softcap, spec.window_left, spec.window_right,
+            spec.max_seqlen_q, spec.max_seqlen_k)
+    if not _direct(tensors):
+        return torch.ops.xla_attn.flash_fwd(*args, spec.deterministic)
+    if _grad_asked((q, k, v)):
+        return _FlashEager.apply(*args, spec.deterministic)
+    return _flash_fwd_run(*args, remember=remember)
 
 
 def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -448,6 +576,19 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
     device ids are converted on the device without a sync, and ids that break the rule
     give NaN outputs. `max_segments` (an int) bounds the segments per row
     (default min(Sq, Sk)); a tight bound keeps the launch small on GPUs."""
+    sig = None
+    if q_segment_ids is None and kv_segment_ids is None:
+        sig = _signature("flash_attn", (q, k, v, alibi_slopes),
+                         (softmax_scale, causal, window_size, softcap, deterministic),
+                         differentiable=(q, k, v))
+        plan = _plans.get(sig) if sig is not None else None
+        if plan is not None:  # a plan of the call below, on q, k, v as they are
+            (b, sq), sk = q.shape[:2], k.shape[1]
+            cu_q = _dense_offsets(b, sq, q.device)
+            cu_k = cu_q if sk == sq else _dense_offsets(b, sk, q.device)
+            out, lse = plan(q.device, (q, k, v, cu_q, cu_k, None, None, alibi_slopes, None, None,
+                                       None))
+            return _dense_outputs(out, lse, q, b, sq, None, return_softmax_lse)
     b, sq, sk = _dense_check(q, k, v)
     bad = None
     if q_segment_ids is None and kv_segment_ids is None:
@@ -462,11 +603,17 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
         cu_q, cu_k, max_q, max_k, bad = _torch_segments.cu_seqlens(q_segment_ids,
                                                                    kv_segment_ids, bound)
         cu_q, cu_k = cu_q.to(q.device), cu_k.to(q.device)
-    out, lse = flash_attn_varlen(
-        q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
-        v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale,
-        causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-        return_softmax_lse=True, deterministic=deterministic)
+    flat = (q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
+            v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, None, None, alibi_slopes, None, None,
+            None)
+    out, lse = _flash_forward(flat, max_q, max_k, softmax_scale, causal, window_size, softcap,
+                              deterministic, sig)
+    return _dense_outputs(out, lse, q, b, sq, bad, return_softmax_lse)
+
+
+def _dense_outputs(out, lse, q, b: int, sq: int, bad, return_softmax_lse: bool):
+    """flash_attn's results from the packed call's: out `(B, Sq, H, D)` (NaN where the
+    segment ids broke their rule: `bad`), softmax_lse `(B, H, Sq)`."""
     out = _torch_segments.poison(out, bad).reshape(*q.shape[:3], out.shape[-1])
     if not return_softmax_lse:
         return out
@@ -482,14 +629,19 @@ def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query
     device scalar counting the real rows of a padded batch; `alibi_slopes` `(H,)`
     float32; `max_query_len` an int bounding every sequence's query count (1 for
     a decode batch, which then launches the decode kernel alone)."""
+    tensors = (query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
+               num_seqs, k_scale, v_scale, alibi_slopes)
+    sig = _signature("paged_attention", tensors,
+                     (scale, sliding_window, soft_cap, kv_cache_dtype, max_query_len))
+    plan = _plans.get(sig) if sig is not None else None
+    if plan is not None:
+        return plan(query.device, tensors)[0]
     spec = _paged_spec(query, key_cache, value_cache, seq_lens, block_tables,
                        query_start_loc, scale, sliding_window, soft_cap, k_scale,
                        v_scale, num_seqs, kv_cache_dtype, alibi_slopes,
                        max_query_len)
-    tensors = (query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
-               num_seqs, k_scale, v_scale, alibi_slopes)
     if _direct(tensors):
-        return _paged_attention_run(spec, *tensors)
+        return _paged_attention_run(spec, *tensors, remember=sig)
     return torch.ops.xla_attn.paged_attention(
         *tensors, spec.scale, spec.soft_cap, spec.sliding_window, spec.kv_cache_dtype,
         spec.max_query_len)
@@ -500,13 +652,19 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     """Scatter `key`/`value` `(num_tokens, Hk, D)` into the paged caches at
     `slot_mapping` (slot -1 skipped) in place, as vLLM's op does; fp8 formats
     quantize as `x / scale`. Returns None."""
-    fmt = _cache_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                      k_scale, v_scale)
     tensors = (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
-    if _direct(tensors, differentiable=(key_cache, value_cache)):
-        _cache_write_run(fmt, *tensors)
-        # what the op's mutates_args does: autograd sees the caches written
-        for cache in (key_cache, value_cache):
-            torch.autograd.graph.increment_version(cache)
+    sig = _signature("reshape_and_cache_flash", tensors, (kv_cache_dtype,),
+                     differentiable=(key_cache, value_cache))
+    plan = _plans.get(sig) if sig is not None else None
+    if plan is not None:  # (its caches contiguous: written in place)
+        plan(key.device, tensors)
     else:
-        torch.ops.xla_attn.reshape_and_cache_flash(*tensors, fmt)
+        fmt = _cache_spec(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                          k_scale, v_scale)
+        if not _direct(tensors, differentiable=(key_cache, value_cache)):
+            torch.ops.xla_attn.reshape_and_cache_flash(*tensors, fmt)
+            return
+        _cache_write_run(fmt, *tensors, remember=sig)
+    # what the op's mutates_args does: autograd sees the caches written
+    for cache in (key_cache, value_cache):
+        torch.autograd.graph.increment_version(cache)
