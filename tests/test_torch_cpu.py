@@ -815,3 +815,52 @@ def test_plans_start_over_past_their_bound(monkeypatch):
         xt.flash_attn_varlen(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"], 6, 7,
                              softmax_scale=scale)
     assert len(xt._plans) == 1
+
+
+def _graph_names(t, depth=3):
+    """The names of the autograd nodes within `depth` of t's."""
+    names, nodes = set(), [t.grad_fn]
+    for _ in range(depth):
+        nodes = [n for n in nodes if n is not None]
+        names |= {type(n).__name__ for n in nodes}
+        nodes = [m for n in nodes for m, _ in n.next_functions]
+    return names
+
+
+def test_planned_gradients_agree_with_the_op(monkeypatch):
+    """Gradients asked of planned calls (the forward's plan under _FlashEager, the
+    backward's plan kept beside it from the second backward on), varlen and dense: the
+    same bits as through the custom op's autograd, softmax_lse's cotangent included."""
+    monkeypatch.setattr(xt, "_plans", {})
+    s = small_inputs()
+    g = torch.Generator().manual_seed(5)
+    dense_q = torch.randn(2, 8, 4, 32, generator=g)
+    calls = {
+        "varlen": (lambda q, k, v: xt.flash_attn_varlen(q, k, v, s["cu_q"], s["cu_k"], 6, 7,
+                                                        causal=True, return_softmax_lse=True),
+                   (s["q"], s["k"], s["v"])),
+        "dense": (lambda q, k, v: xt.flash_attn(q, k, v, causal=True, return_softmax_lse=True),
+                  (dense_q, dense_q[:, :5] * 0.5, dense_q[:, :5] + 1.0)),
+    }
+    for name, (call, inputs) in calls.items():
+        results = []
+        for watched in (True, False, False, False):  # the op; then planned: miss, hit, hit
+            q, k, v = (x.clone().requires_grad_(True) for x in inputs)
+            with (_NoTorchFunction() if watched else contextlib.nullcontext()):
+                out, lse = call(q, k, v)
+                dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+                grads = torch.autograd.grad((out * dout).sum() + (lse * dlse).sum(), (q, k, v))
+            results.append((out, dout, dlse, grads))
+            assert ("_FlashEagerBackward" in _graph_names(out)) != watched, name
+        plan = next(p for sig, p in xt._plans.items() if sig[0] == (
+            "flash_attn" if name == "dense" else "flash_attn_varlen"))
+        assert plan.backward is not None, name
+        for out, dout, dlse, grads in results[1:]:  # each against the op on its cotangents
+            q, k, v = (x.clone().requires_grad_(True) for x in inputs)
+            with _NoTorchFunction():
+                ref_out, ref_lse = call(q, k, v)
+                ref = torch.autograd.grad((ref_out * dout).sum() + (ref_lse * dlse).sum(),
+                                          (q, k, v))
+            assert torch.equal(out, ref_out), name
+            for a, b in zip(grads, ref):
+                assert a.shape == b.shape and torch.equal(a, b), name

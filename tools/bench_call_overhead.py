@@ -125,7 +125,8 @@ def eager_calls(calls: int = 2000, runs: int = 3) -> dict:
     back then one sync (the best of `runs`): the host's cost a call, which such work
     leaves the GPU waiting on; torch's SDPA on the same shape beside (empty when torch
     has no CUDA). One causal sequence of 256 tokens, 16 heads, d128, bf16 (varlen and
-    dense), and a decode step of 8 sequences over 100 cached tokens."""
+    dense), a decode step of 8 sequences over 100 cached tokens, and the write of 8 tokens
+    into that cache."""
     try:
         import torch
     except ImportError:
@@ -145,6 +146,7 @@ def eager_calls(calls: int = 2000, runs: int = 3) -> dict:
     lens = torch.full((8,), 100, dtype=torch.int32, device=dev)
     table = torch.arange(64, dtype=torch.int32, device=dev).reshape(8, 8)
     starts = torch.arange(9, dtype=torch.int32, device=dev)
+    slots = torch.arange(8, device=dev) * 16  # one token a cache block
     sdpa = torch.nn.functional.scaled_dot_product_attention
     fns = {
         "torch eager: flash_attn_varlen (256 tokens)":
@@ -153,6 +155,8 @@ def eager_calls(calls: int = 2000, runs: int = 3) -> dict:
         "torch eager: paged_attention (decode, 8 seqs)":
             lambda: xt.paged_attention(query, cache, cache, lens, table, starts, 0.1,
                                        max_query_len=1),
+        "torch eager: reshape_and_cache_flash (8 tokens)":
+            lambda: xt.reshape_and_cache_flash(query, query, cache, cache, slots),
         "torch eager: F.scaled_dot_product_attention": lambda: sdpa(qs, ks, vs, is_causal=True),
     }
     def back_to_back(fn):

@@ -60,33 +60,23 @@ def _same_device(op: str, device: torch.device, **tensors) -> None:
                              f"got {x.device}")
 
 
-def _launch(run, params, device: torch.device, with_workspace: bool = True,
-            workspace_bytes: Optional[int] = None) -> None:
-    """Runs `params` on the Host, or on `device`'s current torch stream with the
-    workspace the library asks for (`workspace_bytes` where the caller knows it: a
-    plan's; freed stream-ordered by torch's allocator; none when `with_workspace` is
-    False)."""
+def _launch(run, params, device: torch.device, workspace_bytes: Optional[int] = None) -> int:
+    """Runs `params` on the Host, or on `device`'s current torch stream with a workspace
+    of `workspace_bytes` (None: what the library asks for, which it sizes from the
+    shapes alone, for the device's GPU) freed stream-ordered by torch's allocator.
+    Returns the workspace's size (a plan keeps it)."""
     if device.type == "cpu":
         run(params, _capi.HOST)
-        return
+        return 0
     with torch.cuda.device(device):
-        size = (workspace_bytes if workspace_bytes is not None else
-                _capi.workspace_size(params) if with_workspace else 0)
+        size = _capi.workspace_size(params) if workspace_bytes is None else workspace_bytes
         workspace = None
         if size:
             workspace = torch.empty(size, dtype=torch.uint8, device=device)
             params.workspace, params.workspace_bytes = workspace.data_ptr(), size
         run(params, _capi.CUDA, _current_stream(device))
         del workspace
-
-
-def _workspace_bytes(params, device: torch.device) -> int:
-    """What `params` need of a workspace on `device` (the library sizes it for the
-    device's GPU: current while it is asked)."""
-    if device.type == "cpu":
-        return 0
-    with torch.cuda.device(device):
-        return _capi.workspace_size(params)
+    return size
 
 
 def _current_stream(device: torch.device) -> int:
@@ -108,16 +98,20 @@ class _Plan:
     """An op's work on one call signature past its checks, for the eager calls that
     repeat it (a serving or training loop calls each attention with the same shapes):
     the params struct filled but for the tensors' addresses, the outputs' shapes and
-    dtypes, and the workspace's size. A call then copies the struct, sets its
-    addresses, allocates its outputs and launches; the checks (raised on the call that
-    made the plan) ran once. Host time a call, kernels stubbed out, on a CPU:
-    docs/benchmarks.md 2026-12-03 (60)."""
+    dtypes, and the workspace's size (None: asked of the library on the first call).
+    A call then copies the struct, sets its addresses, allocates its outputs and
+    launches; the checks (raised on the call that made the plan) ran once. Host time a
+    call, kernels stubbed out, on a CPU: docs/benchmarks.md 2026-12-03 (60)."""
 
-    __slots__ = ("run", "params", "fields", "outputs", "workspace_bytes")
+    __slots__ = ("attributes", "backward", "fields", "outputs", "params", "run",
+                 "workspace_bytes")
 
-    def __init__(self, run, params, fields, outputs, workspace_bytes):
+    def __init__(self, run, params, fields, outputs, workspace_bytes, attributes=()):
         self.run, self.params, self.fields = run, params, fields
         self.outputs, self.workspace_bytes = outputs, workspace_bytes
+        # flash_fwd's: the checked attributes its backward takes (flash_bwd's after its
+        # tensors), and the backward's own plan once one ran (_flash_backward)
+        self.attributes, self.backward = attributes, None
 
     def __call__(self, device: torch.device, tensors) -> list:
         """Runs on `tensors` (one a name of `fields`, then the outputs': made here)."""
@@ -126,7 +120,7 @@ class _Plan:
         for name, x in zip(self.fields, (*tensors, *outs)):
             if x is not None:
                 setattr(p, name, x.data_ptr())
-        _launch(self.run, p, device, workspace_bytes=self.workspace_bytes)
+        self.workspace_bytes = _launch(self.run, p, device, self.workspace_bytes)
         return outs
 
 
@@ -254,18 +248,33 @@ _FLASH_FWD_FIELDS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k",
 
 def _flash_fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                    q_descale, k_descale, v_descale, softmax_scale, softcap, window_left,
-                   window_right, max_seqlen_q, max_seqlen_k, remember=None):
-    """flash_fwd's work on checked arguments (the op's, or a direct call's); its plan
-    kept under `remember` (a _signature) where given."""
+                   window_right, max_seqlen_q, max_seqlen_k):
+    """flash_fwd's work on checked arguments (the op's)."""
+    plan = _flash_fwd_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                           alibi_slopes, q_descale, k_descale, v_descale, softmax_scale,
+                           softcap, window_left, window_right, max_seqlen_q, max_seqlen_k)
+    return tuple(plan(q.device, _flash_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                               block_table, alibi_slopes, q_descale, k_descale,
+                                               v_descale)))
+
+
+def _flash_tensors(*tensors):
+    """flash_fwd's tensors as its plans take them: dense row-major."""
+    return tuple(map(_dense, tensors))
+
+
+def _flash_fwd_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+                    q_descale, k_descale, v_descale, softmax_scale, softcap, window_left,
+                    window_right, max_seqlen_q, max_seqlen_k, deterministic=False) -> _Plan:
+    """flash_fwd's plan for checked arguments (their devices checked here);
+    `deterministic` rides along for its backward."""
     op = "xla_attn::flash_fwd"
     _same_device(op, q.device, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                  seqused_k=seqused_k, block_table=block_table, alibi_slopes=alibi_slopes,
                  q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    tensors = tuple(map(_dense, (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                                 alibi_slopes, q_descale, k_descale, v_descale)))
-    q, k, v, cu_q, cu_k, used, table, alibi, qd, kd, vd = tensors
+    table, alibi = block_table, alibi_slopes  # (the names the struct's fill reads best with)
     total_q, num_heads, head_dim = q.shape
-    batch = cu_q.shape[0] - 1
+    batch = cu_seqlens_q.shape[0] - 1
     out_dtype = _flash_out_dtype(q)
     p = _capi.FlashFwdParams().fill(
         total_q=total_q, batch=batch,
@@ -281,12 +290,10 @@ def _flash_fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, 
                total_k=k.shape[0] * k.shape[1])
     else:
         p.fill(total_k=k.shape[0])
-    plan = _Plan(_capi.flash_fwd, p, _FLASH_FWD_FIELDS,
-                 ((q.shape, out_dtype), ((num_heads, total_q), torch.float32)),
-                 _workspace_bytes(p, q.device))
-    out, lse = plan(q.device, tensors)
-    _remember(remember, plan)
-    return out, lse
+    return _Plan(_capi.flash_fwd, p, _FLASH_FWD_FIELDS,
+                 ((q.shape, out_dtype), ((num_heads, total_q), torch.float32)), None,
+                 attributes=(softmax_scale, softcap, window_left, window_right, max_seqlen_q,
+                             max_seqlen_k, deterministic))
 
 
 @_flash_fwd.register_fake
@@ -333,29 +340,36 @@ def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                           max_seqlen_q, max_seqlen_k, deterministic, dlse)
 
 
+# flash_bwd's tensors in the order its runs take them, then its outputs
+_FLASH_BWD_FIELDS = ("dout", "q", "k", "v", "out", "softmax_lse", "cu_seqlens_q", "cu_seqlens_k",
+                     "seqused_k", "alibi_slopes", "dlse", "dq", "dk", "dv")
+
+
 def _flash_bwd_run(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                    alibi_slopes, softmax_scale, softcap, window_left, window_right, max_seqlen_q,
-                   max_seqlen_k, deterministic, dlse):
-    """flash_bwd's work on checked arguments (the op's, or the eager backward's own)."""
-    dout, q, k, v, out, lse, cu_q, cu_k, used, alibi, dlse = map(
-        _dense, (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                 alibi_slopes, dlse))
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+                   max_seqlen_k, deterministic, dlse, keep=None):
+    """flash_bwd's work on checked arguments (the op's, or the eager backward's own); its
+    plan kept as `keep`'s backward (the forward's plan) where given."""
+    tensors = tuple(map(_dense, (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
+                                 seqused_k, alibi_slopes, dlse)))
     total_q, num_heads, head_dim = q.shape
-    batch = cu_q.shape[0] - 1
+    batch = cu_seqlens_q.shape[0] - 1
+    alibi = alibi_slopes
     p = _capi.FlashBwdParams().fill(
-        dout=_ptr(dout), q=_ptr(q), k=_ptr(k), v=_ptr(v), out=_ptr(out), softmax_lse=_ptr(lse),
-        dq=_ptr(dq), dk=_ptr(dk), dv=_ptr(dv), cu_seqlens_q=_ptr(cu_q), cu_seqlens_k=_ptr(cu_k),
-        seqused_k=_ptr(used), alibi_slopes=_ptr(alibi), total_q=total_q, total_k=k.shape[0],
+        total_q=total_q, total_k=k.shape[0],
         batch=batch, num_heads=num_heads, num_heads_k=k.shape[1], head_dim=head_dim,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
         alibi_batch_stride=num_heads if alibi is not None and alibi.dim() == 2 and batch > 1
         else 0,
         window_left=window_left, window_right=window_right, softmax_scale=softmax_scale,
-        softcap=softcap, dtype=_code(q), dlse=_ptr(dlse))
+        softcap=softcap, dtype=_code(q))
     # the workspace takes the tensor-core family onto its atomic-dQ path
-    _launch(_capi.flash_bwd, p, q.device, with_workspace=not deterministic)
-    return dq, dk, dv
+    plan = _Plan(_capi.flash_bwd, p, _FLASH_BWD_FIELDS,
+                 ((q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)),
+                 0 if deterministic else None)
+    if keep is not None:
+        keep.backward = plan
+    return tuple(plan(q.device, tensors))
 
 
 @_flash_bwd.register_fake
@@ -384,10 +398,15 @@ def _flash_backward(ctx, dout, dlse):
     else:  # softmax_lse's cotangent rides the same call (D_i = dout_i . out_i - dlse_i)
         dout = torch.zeros_like(q) if dout is None else dout.to(q.dtype)
         dlse = None if dlse is None else dlse.to(torch.float32)
-        args = (dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi, *ctx.attributes, dlse)
-        direct = _direct(args[:10] + (dlse,), differentiable=args[:5])  # create_graph: the op
-        run = _flash_bwd_run if direct else torch.ops.xla_attn.flash_bwd
-        grads = run(*args)
+        tensors = (dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi)
+        args = (*tensors, *ctx.attributes, dlse)
+        forward = getattr(ctx, "plan", None)  # the eager forward's (_FlashEager)
+        if not _direct(tensors + (dlse,), differentiable=args[:5]):  # create_graph: the op
+            grads = torch.ops.xla_attn.flash_bwd(*args)
+        elif forward is not None and forward.backward is not None:
+            grads = forward.backward(q.device, (_dense(dout), *tensors[1:], _dense(dlse)))
+        else:
+            grads = _flash_bwd_run(*args, keep=forward)
     return tuple(grads) + (None,) * 15
 
 
@@ -395,21 +414,23 @@ _flash_fwd.register_autograd(_flash_backward, setup_context=_flash_setup_context
 
 
 class _FlashEager(torch.autograd.Function):
-    """Eager calls that want gradients, on plain tensors (_direct): flash_fwd's and
-    flash_bwd's work under an autograd.Function, as the custom op's autograd does;
-    that path (torch.library's fill_defaults over the op's 18 arguments, dispatch)
-    cost ~2/3 of a fwd+bwd call's 480-570 us of host time (kernels stubbed out, a CPU:
-    160-250 us with this Function)."""
+    """Eager calls that want gradients, on plain tensors (_direct): the call's forward
+    plan (flash_fwd's work) and flash_bwd's under an autograd.Function, as the custom
+    op's autograd does; that path (torch.library's fill_defaults over the op's 18
+    arguments, dispatch) cost ~2/3 of a fwd+bwd call's 480-570 us of host time (kernels
+    stubbed out, a CPU: 160-250 us with this Function). The backward's plan is kept
+    beside the forward's (_Plan.backward)."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = _flash_fwd_run(*inputs[:-1])  # the last input: deterministic
-        _flash_setup_context(ctx, inputs, output)
+    def forward(ctx, plan, *tensors):
+        output = tuple(plan(tensors[0].device, tensors))
+        _flash_setup_context(ctx, tensors + plan.attributes, output)
+        ctx.plan = plan
         return output
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _flash_backward(ctx, dout, dlse)
+        return (None,) + _flash_backward(ctx, dout, dlse)[:11]
 
 
 # ---------------------------------------------------------------- paged attention op
@@ -453,8 +474,7 @@ def _paged_attention_run(spec, query, key_cache, value_cache, seq_lens, block_ta
         max_blocks_per_seq=tables.shape[1], sliding_window=spec.sliding_window,
         scale=spec.scale, soft_cap=spec.soft_cap, q_dtype=_code(query),
         cache_dtype=_cache_code(op, kc, spec.kv_cache_dtype), max_query_len=spec.max_query_len)
-    plan = _Plan(_capi.paged_attention, p, _PAGED_FIELDS, ((query.shape, query.dtype),),
-                 _workspace_bytes(p, query.device))
+    plan = _Plan(_capi.paged_attention, p, _PAGED_FIELDS, ((query.shape, query.dtype),), None)
     (out,) = plan(query.device, tensors)
     _remember(remember, plan)
     return out
@@ -500,8 +520,7 @@ def _cache_write_run(fmt, key, value, key_cache, value_cache, slot_mapping, k_sc
         num_slots=num_blocks * block_size, num_heads_k=num_heads_k, head_dim=head_dim,
         block_size=block_size, num_blocks=num_blocks, src_dtype=_code(key),
         cache_dtype=_cache_code(op, kc, fmt), slot_dtype=_code(slots))
-    plan = _Plan(_capi.reshape_and_cache_flash, p, _CACHE_FIELDS, (),
-                 _workspace_bytes(p, key.device))
+    plan = _Plan(_capi.reshape_and_cache_flash, p, _CACHE_FIELDS, (), None)
     plan(key.device, (key, value, kc, vc, slots, ks, vs))
     _remember(remember, plan)
     if kc is not key_cache:
@@ -533,11 +552,10 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                q_descale, k_descale, v_descale)
     sig = _signature("flash_attn_varlen", tensors, (max_seqlen_q, max_seqlen_k, softmax_scale,
-                                                    causal, window_size, softcap, deterministic),
-                     differentiable=(q, k, v))
+                                                    causal, window_size, softcap, deterministic))
     plan = _plans.get(sig) if sig is not None else None
     if plan is not None:
-        out, lse = plan(q.device, tensors)
+        out, lse = _planned_flash(plan, tensors)
     else:
         out, lse = _flash_forward(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                                   window_size, softcap, deterministic, sig)
@@ -547,8 +565,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
 def _flash_forward(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size,
                    softcap, deterministic, remember):
     """flash_attn_varlen's checks and forward on `tensors` (_FLASH_FWD_FIELDS' inputs):
-    through the custom op, the eager autograd Function, or directly (its plan kept
-    under `remember`)."""
+    through the custom op, or planned (the plan kept under `remember`)."""
     q, k, v, cu_q, cu_k, seqused_k, block_table, alibi, qd, kd, vd = tensors
     spec = _flash_spec(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                        window_size, softcap, alibi, seqused_k, block_table, qd, kd, vd,
@@ -557,9 +574,16 @@ def _flash_forward(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, causal, w
             spec.max_seqlen_q, spec.max_seqlen_k)
     if not _direct(tensors):
         return torch.ops.xla_attn.flash_fwd(*args, spec.deterministic)
-    if _grad_asked((q, k, v)):
-        return _FlashEager.apply(*args, spec.deterministic)
-    return _flash_fwd_run(*args, remember=remember)
+    plan = _flash_fwd_plan(*args, spec.deterministic)
+    _remember(remember, plan)
+    return _planned_flash(plan, _flash_tensors(*tensors))
+
+
+def _planned_flash(plan: _Plan, tensors):
+    """A direct flash forward on its plan: with gradients where they are asked."""
+    if _grad_asked(tensors[:3]):
+        return _FlashEager.apply(plan, *tensors)
+    return tuple(plan(tensors[0].device, tensors))
 
 
 def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -579,15 +603,17 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
     sig = None
     if q_segment_ids is None and kv_segment_ids is None:
         sig = _signature("flash_attn", (q, k, v, alibi_slopes),
-                         (softmax_scale, causal, window_size, softcap, deterministic),
-                         differentiable=(q, k, v))
+                         (softmax_scale, causal, window_size, softcap, deterministic))
         plan = _plans.get(sig) if sig is not None else None
-        if plan is not None:  # a plan of the call below, on q, k, v as they are
+        if plan is not None:  # a plan of the call below (packed: its gradients' shapes)
             (b, sq), sk = q.shape[:2], k.shape[1]
             cu_q = _dense_offsets(b, sq, q.device)
             cu_k = cu_q if sk == sq else _dense_offsets(b, sk, q.device)
-            out, lse = plan(q.device, (q, k, v, cu_q, cu_k, None, None, alibi_slopes, None, None,
-                                       None))
+            qkv = (q, k, v)
+            if _grad_asked(qkv):
+                qkv = tuple(x.reshape(-1, *x.shape[2:]) for x in qkv)
+            out, lse = _planned_flash(plan, (*qkv, cu_q, cu_k, None, None, alibi_slopes, None,
+                                             None, None))
             return _dense_outputs(out, lse, q, b, sq, None, return_softmax_lse)
     b, sq, sk = _dense_check(q, k, v)
     bad = None
