@@ -654,6 +654,10 @@ def test_direct_calls_only_where_nothing_watches():
     class Sub(torch.Tensor):
         pass
     assert not xt._direct((q.as_subclass(Sub), k))
+    # another device's tensors (torch_xla's; meta here) take the op, which has their kernel
+    meta = torch.empty(q.shape, device="meta")
+    assert not xt._direct((meta, k))
+    assert xt._signature("v", (meta, k), ()) is None
 
 
 def test_direct_and_op_calls_agree(rng, mk):

@@ -141,8 +141,8 @@ def _signature(op: str, tensors, values, differentiable=()):
     for x in tensors:
         if x is None:
             key.append(None)
-        elif type(x) is Tensor and x.is_contiguous():
-            key.append((x.shape, x.dtype, x.device))
+        elif type(x) is Tensor and x.is_contiguous() and (device := x.device).type in _DEVICES:
+            key.append((x.shape, x.dtype, device))
         else:
             return None
     for v in values:
@@ -183,7 +183,7 @@ def _direct(tensors, differentiable=()) -> bool:
     """Whether an eager call may run an op's implementation itself, past torch.library's
     dispatch (host time a call, kernels stubbed out, on a CPU: flash varlen 48 -> 29 us,
     paged decode 42 -> 22; on an H200's host, tools/bench_call_overhead.py's eager rows:
-    104-197 -> 64-68, 96-125 -> 58-71): plain tensors, no gradient asked of
+    104-197 -> 64-68, 96-125 -> 58-71): plain CPU or CUDA tensors, no gradient asked of
     `differentiable`, no torch.compile, torch function or dispatch mode, functorch
     transform or profiler. Anything else takes the custom op, which those see."""
     if (torch.compiler.is_compiling() or _function_mode() or _dispatch_modes() or _functorch()
@@ -191,7 +191,8 @@ def _direct(tensors, differentiable=()) -> bool:
         return False
     if _grad_asked(differentiable):
         return False
-    return all(x is None or type(x) is Tensor for x in tensors)
+    # (another device's tensors, torch_xla's, take the op: its kernel for their device)
+    return all(x is None or (type(x) is Tensor and x.device.type in _DEVICES) for x in tensors)
 
 
 def _dense_offsets(batch: int, seqlen: int, device: torch.device) -> Tensor:
