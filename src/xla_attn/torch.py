@@ -88,8 +88,8 @@ def _current_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-# torch's own raw-stream query (what its Triton launcher uses) where this torch has it: a
-# plain int, without the torch.cuda.Stream object current_stream builds (~1 us a call)
+# torch's own raw-stream query (what torch.compile's generated code calls) where this torch
+# has it: a plain int, without the torch.cuda.Stream object current_stream builds
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 if _raw_stream is not None:
     def _current_stream(device: torch.device) -> int:  # noqa: F811
@@ -118,7 +118,8 @@ class _Plan:
         self.attributes, self.backward = attributes, None
 
     def __call__(self, device: torch.device, tensors) -> list:
-        """Runs on `tensors` (one a name of `fields`, then the outputs': made here)."""
+        """Runs on `tensors`, one a field of `fields` in order (None: null); the fields
+        past them are the outputs', made here and returned."""
         p = type(self.params).from_buffer_copy(self.params)
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs]
         for name, x in zip(self.fields, (*tensors, *outs)):
