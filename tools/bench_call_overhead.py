@@ -125,8 +125,9 @@ def eager_calls(calls: int = 2000, runs: int = 3) -> dict:
     back then one sync (the best of `runs`): the host's cost a call, which such work
     leaves the GPU waiting on; torch's SDPA on the same shape beside (empty when torch
     has no CUDA). One causal sequence of 256 tokens, 16 heads, d128, bf16 (varlen and
-    dense), a decode step of 8 sequences over 100 cached tokens, and the write of 8 tokens
-    into that cache."""
+    dense), a decode step of 8 sequences over 100 cached tokens, the write of 8 tokens
+    into that cache, and the dense call's forward and backward (gradients asked) beside
+    SDPA's."""
     try:
         import torch
     except ImportError:
@@ -159,13 +160,26 @@ def eager_calls(calls: int = 2000, runs: int = 3) -> dict:
             lambda: xt.reshape_and_cache_flash(query, query, cache, cache, slots),
         "torch eager: F.scaled_dot_product_attention": lambda: sdpa(qs, ks, vs, is_causal=True),
     }
+    # a training step's pair: the forward with gradients asked and its backward
+    qg, qsg = qb.clone().requires_grad_(), qs.clone().requires_grad_()
+    ones = torch.ones_like(qb)
+    steps = {
+        "torch eager: flash_attn fwd+bwd (dense, 1 x 256)":
+            lambda: torch.autograd.grad(xt.flash_attn(qg, qg, qg, causal=True), (qg,), ones),
+        "torch eager: SDPA fwd+bwd":
+            lambda: torch.autograd.grad(sdpa(qsg, qsg, qsg, is_causal=True), (qsg,),
+                                        ones.transpose(1, 2)),
+    }
+
     def back_to_back(fn):
         for _ in range(calls):
             fn()
 
     with torch.no_grad():
-        return {name: per_call(lambda f=fn: back_to_back(f), calls, runs, pick=min)
-                for name, fn in fns.items()}
+        times = {name: per_call(lambda f=fn: back_to_back(f), calls, runs, pick=min)
+                 for name, fn in fns.items()}
+    return times | {name: per_call(lambda f=fn: back_to_back(f), calls, runs, pick=min)
+                    for name, fn in steps.items()}
 
 
 if __name__ == "__main__":
