@@ -203,9 +203,11 @@ def test_flash_dense_in_a_cuda_graph(rng, mk, seen_before):
 
 @pytest.fixture
 def workspace_sizes(monkeypatch):
-    """Records what xla_attn_workspace_size asked for on each CUDA call."""
+    """Records what xla_attn_workspace_size asked for on each CUDA call (no plans kept
+    from earlier tests: a plan asks once, on its signature's first call)."""
     sizes = []
     real = xt._capi.workspace_size
+    monkeypatch.setattr(xt, "_plans", {})
 
     def spy(params):
         sizes.append(real(params))
