@@ -41,16 +41,25 @@ _dense_check = _eager_cached(_ops.flash_dense_check)
 
 # ---------------------------------------------------------------- plumbing
 def _code(x: Tensor) -> int:
-    return _capi.DTYPE_CODES[_ops.dtype_name(x)]
+    return _dtype_code(x.dtype)
 
 
-def _ptr(x: Optional[Tensor]) -> int:
-    return 0 if x is None else x.data_ptr()
+def _dtype_code(dtype: torch.dtype) -> int:  # (as _ops.dtype_name names a tensor's)
+    return _capi.DTYPE_CODES[str(dtype).removeprefix("torch.")]
 
 
 def _dense(x: Optional[Tensor]) -> Optional[Tensor]:
     """The native code takes dense row-major buffers."""
     return None if x is None else x.contiguous()
+
+
+def _dense_all(*tensors) -> tuple:
+    return tuple(map(_dense, tensors))
+
+
+def _alibi_batch_stride(alibi: Optional[Tensor], batch: int, num_heads: int) -> int:
+    """Per-sequence slopes `(batch, num_heads)` step num_heads a sequence; shared ones 0."""
+    return num_heads if alibi is not None and alibi.dim() == 2 and batch > 1 else 0
 
 
 def _same_device(op: str, device: torch.device, **tensors) -> None:
@@ -83,18 +92,16 @@ def _launch(run, params, device: torch.device, workspace_bytes: Optional[int] = 
     return size
 
 
-def _current_stream(device: torch.device) -> int:
-    """The raw handle of `device`'s current torch stream."""
-    return torch.cuda.current_stream(device).cuda_stream
-
-
 # torch's own raw-stream query (what torch.compile's generated code calls) where this torch
 # has it: a plain int, without the torch.cuda.Stream object current_stream builds
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-if _raw_stream is not None:
-    def _current_stream(device: torch.device) -> int:  # noqa: F811
-        return _raw_stream(device.index if device.index is not None
-                           else torch.cuda.current_device())
+
+
+def _current_stream(device: torch.device) -> int:
+    """The raw handle of `device`'s current torch stream."""
+    if _raw_stream is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # ---------------------------------------------------------------- eager plans
@@ -158,6 +165,13 @@ def _signature(op: str, tensors, values, differentiable=()):
     return key
 
 
+def _planned(op: str, tensors, values, differentiable=()):
+    """(the call's signature, its plan): (None, None) where it cannot take one, (signature,
+    None) where none is kept yet."""
+    sig = _signature(op, tensors, values, differentiable)
+    return sig, (_plans.get(sig) if sig is not None else None)
+
+
 def _remember(signature, plan: _Plan) -> None:
     if signature is None:
         return
@@ -204,6 +218,12 @@ def _dense_offsets(batch: int, seqlen: int, device: torch.device) -> Tensor:
                                          torch.cuda.is_current_stream_capturing()):
         return torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32, device=device)
     return _remembered_offsets(batch, seqlen, device)
+
+
+def _dense_cu(batch: int, seqlen_q: int, seqlen_k: int, device: torch.device):
+    """The dense layout's (cu_seqlens_q, cu_seqlens_k): one tensor where the lengths match."""
+    cu_q = _dense_offsets(batch, seqlen_q, device)
+    return cu_q, (cu_q if seqlen_k == seqlen_q else _dense_offsets(batch, seqlen_k, device))
 
 
 @functools.lru_cache(maxsize=64)
@@ -259,14 +279,9 @@ def _flash_fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, 
     plan = _flash_fwd_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
                            alibi_slopes, q_descale, k_descale, v_descale, softmax_scale,
                            softcap, window_left, window_right, max_seqlen_q, max_seqlen_k)
-    return tuple(plan(q.device, _flash_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                               block_table, alibi_slopes, q_descale, k_descale,
-                                               v_descale)))
-
-
-def _flash_tensors(*tensors):
-    """flash_fwd's tensors as its plans take them: dense row-major."""
-    return tuple(map(_dense, tensors))
+    return tuple(plan(q.device, _dense_all(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                           block_table, alibi_slopes, q_descale, k_descale,
+                                           v_descale)))
 
 
 def _flash_fwd_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
@@ -278,7 +293,6 @@ def _flash_fwd_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
     _same_device(op, q.device, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                  seqused_k=seqused_k, block_table=block_table, alibi_slopes=alibi_slopes,
                  q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    table, alibi = block_table, alibi_slopes  # (the names the struct's fill reads best with)
     total_q, num_heads, head_dim = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     out_dtype = _flash_out_dtype(q)
@@ -286,13 +300,13 @@ def _flash_fwd_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
         total_q=total_q, batch=batch,
         num_heads=num_heads, num_heads_k=k.shape[-2], head_dim=head_dim,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        alibi_batch_stride=num_heads if alibi is not None and alibi.dim() == 2 and batch > 1
-        else 0,
+        alibi_batch_stride=_alibi_batch_stride(alibi_slopes, batch, num_heads),
         window_left=window_left, window_right=window_right, softmax_scale=softmax_scale,
         softcap=softcap, q_dtype=_code(q), kv_dtype=_code(k),
-        out_dtype=_capi.DTYPE_CODES[str(out_dtype).removeprefix("torch.")])
-    if table is not None:
-        p.fill(num_blocks=k.shape[0], block_size=k.shape[1], max_blocks_per_seq=table.shape[1],
+        out_dtype=_dtype_code(out_dtype))
+    if block_table is not None:
+        p.fill(num_blocks=k.shape[0], block_size=k.shape[1],
+               max_blocks_per_seq=block_table.shape[1],
                total_k=k.shape[0] * k.shape[1])
     else:
         p.fill(total_k=k.shape[0])
@@ -356,17 +370,15 @@ def _flash_bwd_run(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, 
                    max_seqlen_k, deterministic, dlse, keep=None):
     """flash_bwd's work on checked arguments (the op's, or the eager backward's own); its
     plan kept as `keep`'s backward (the forward's plan) where given."""
-    tensors = tuple(map(_dense, (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
-                                 seqused_k, alibi_slopes, dlse)))
+    tensors = _dense_all(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                         alibi_slopes, dlse)
     total_q, num_heads, head_dim = q.shape
     batch = cu_seqlens_q.shape[0] - 1
-    alibi = alibi_slopes
     p = _capi.FlashBwdParams().fill(
         total_q=total_q, total_k=k.shape[0],
         batch=batch, num_heads=num_heads, num_heads_k=k.shape[1], head_dim=head_dim,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        alibi_batch_stride=num_heads if alibi is not None and alibi.dim() == 2 and batch > 1
-        else 0,
+        alibi_batch_stride=_alibi_batch_stride(alibi_slopes, batch, num_heads),
         window_left=window_left, window_right=window_right, softmax_scale=softmax_scale,
         softcap=softcap, dtype=_code(q))
     # the workspace takes the tensor-core family onto its atomic-dQ path
@@ -469,8 +481,8 @@ def _paged_attention_run(spec, query, key_cache, value_cache, seq_lens, block_ta
     _same_device(op, query.device, key_cache=key_cache, value_cache=value_cache,
                  seq_lens=seq_lens, block_tables=block_tables, query_start_loc=query_start_loc,
                  num_seqs=num_seqs, k_scale=k_scale, v_scale=v_scale, alibi_slopes=alibi_slopes)
-    tensors = tuple(map(_dense, (query, key_cache, value_cache, seq_lens, block_tables,
-                                 query_start_loc, num_seqs, k_scale, v_scale, alibi_slopes)))
+    tensors = _dense_all(query, key_cache, value_cache, seq_lens, block_tables,
+                         query_start_loc, num_seqs, k_scale, v_scale, alibi_slopes)
     query, kc, vc, lens, tables = tensors[:5]
     total_q, num_heads, head_dim = query.shape
     p = _capi.PagedAttentionParams().fill(
@@ -516,7 +528,7 @@ def _cache_write_run(fmt, key, value, key_cache, value_cache, slot_mapping, k_sc
     op = "xla_attn::reshape_and_cache_flash"
     _same_device(op, key.device, value=value, key_cache=key_cache, value_cache=value_cache,
                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
-    key, value, slots, ks, vs = map(_dense, (key, value, slot_mapping, k_scale, v_scale))
+    key, value, slots, ks, vs = _dense_all(key, value, slot_mapping, k_scale, v_scale)
     # The struct has no strides: a strided cache (e.g. one half of a stacked K/V
     # tensor) is written through a dense copy that is copied back.
     kc, vc = key_cache.contiguous(), value_cache.contiguous()
@@ -557,9 +569,9 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     flash-attn's); `deterministic=True` takes the slower backward without them."""
     tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                q_descale, k_descale, v_descale)
-    sig = _signature("flash_attn_varlen", tensors, (max_seqlen_q, max_seqlen_k, softmax_scale,
-                                                    causal, window_size, softcap, deterministic))
-    plan = _plans.get(sig) if sig is not None else None
+    sig, plan = _planned("flash_attn_varlen", tensors, (max_seqlen_q, max_seqlen_k,
+                                                        softmax_scale, causal, window_size,
+                                                        softcap, deterministic))
     if plan is not None:
         out, lse = _planned_flash(plan, tensors)
     else:
@@ -582,7 +594,7 @@ def _flash_forward(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, causal, w
         return torch.ops.xla_attn.flash_fwd(*args, spec.deterministic)
     plan = _flash_fwd_plan(*args, spec.deterministic)
     _remember(remember, plan)
-    return _planned_flash(plan, _flash_tensors(*tensors))
+    return _planned_flash(plan, _dense_all(*tensors))
 
 
 def _planned_flash(plan: _Plan, tensors):
@@ -608,13 +620,11 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
     (default min(Sq, Sk)); a tight bound keeps the launch small on GPUs."""
     sig = None
     if q_segment_ids is None and kv_segment_ids is None:
-        sig = _signature("flash_attn", (q, k, v, alibi_slopes),
-                         (softmax_scale, causal, window_size, softcap, deterministic))
-        plan = _plans.get(sig) if sig is not None else None
+        sig, plan = _planned("flash_attn", (q, k, v, alibi_slopes),
+                             (softmax_scale, causal, window_size, softcap, deterministic))
         if plan is not None:  # a plan of the call below (packed: its gradients' shapes)
             (b, sq), sk = q.shape[:2], k.shape[1]
-            cu_q = _dense_offsets(b, sq, q.device)
-            cu_k = cu_q if sk == sq else _dense_offsets(b, sk, q.device)
+            cu_q, cu_k = _dense_cu(b, sq, sk, q.device)
             qkv = (q, k, v)
             if _grad_asked(qkv):
                 qkv = tuple(x.reshape(-1, *x.shape[2:]) for x in qkv)
@@ -624,8 +634,7 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), 
     b, sq, sk = _dense_check(q, k, v)
     bad = None
     if q_segment_ids is None and kv_segment_ids is None:
-        cu_q = _dense_offsets(b, sq, q.device)
-        cu_k = cu_q if sk == sq else _dense_offsets(b, sk, q.device)
+        cu_q, cu_k = _dense_cu(b, sq, sk, q.device)
         max_q, max_k = sq, sk
     else:
         bound = _ops.segment_ids_check(q_segment_ids, kv_segment_ids, b, sq, sk, max_segments)
@@ -663,9 +672,8 @@ def paged_attention(query, key_cache, value_cache, seq_lens, block_tables, query
     a decode batch, which then launches the decode kernel alone)."""
     tensors = (query, key_cache, value_cache, seq_lens, block_tables, query_start_loc,
                num_seqs, k_scale, v_scale, alibi_slopes)
-    sig = _signature("paged_attention", tensors,
-                     (scale, sliding_window, soft_cap, kv_cache_dtype, max_query_len))
-    plan = _plans.get(sig) if sig is not None else None
+    sig, plan = _planned("paged_attention", tensors,
+                         (scale, sliding_window, soft_cap, kv_cache_dtype, max_query_len))
     if plan is not None:
         return plan(query.device, tensors)[0]
     spec = _paged_spec(query, key_cache, value_cache, seq_lens, block_tables,
@@ -685,9 +693,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     `slot_mapping` (slot -1 skipped) in place, as vLLM's op does; fp8 formats
     quantize as `x / scale`. Returns None."""
     tensors = (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
-    sig = _signature("reshape_and_cache_flash", tensors, (kv_cache_dtype,),
-                     differentiable=(key_cache, value_cache))
-    plan = _plans.get(sig) if sig is not None else None
+    sig, plan = _planned("reshape_and_cache_flash", tensors, (kv_cache_dtype,),
+                         differentiable=(key_cache, value_cache))
     if plan is not None:  # (its caches contiguous: written in place)
         plan(key.device, tensors)
     else:
