@@ -70,7 +70,8 @@ def test_flash_dense_grad(rng, mk):
 def test_legacy_flash_bwd_v3_on_cuda(rng, mk, case, deterministic):
     """torch_xla's CUDA route (the untyped legacy call of xla_attn_flash_bwd_v3, op 6) run
     through the C ABI on CUDA buffers: bf16 with softmax_lse's cotangent, with the workspace
-    (atomic dQ) or a 0-byte one, against the float64 reference; results poisoned first."""
+    (atomic dQ, poisoned too) or a 0-byte one, against the float64 reference; results poisoned
+    first."""
     import test_xla_legacy_cpu as legacy
     from xla_attn import _capi, _native, _xla_legacy
     from xla_attn.testing import reference as ref
@@ -98,8 +99,10 @@ def test_legacy_flash_bwd_v3_on_cuda(rng, mk, case, deterministic):
     grads = [torch.full_like(x, float("nan")) for x in (q, k, t["v"])]
     operands = [cases.tt(dout, DEVICE), q, k, t["v"], out, lse, t["cu_seqlens_q"],
                 t["cu_seqlens_k"], t["seqused_k"], alibi, cases.tt(dlse, DEVICE)]
-    buffers = operands + grads + [torch.empty(max(workspace, 1), dtype=torch.uint8,
-                                              device=DEVICE)]
+    # The workspace all 0xff bytes (NaN floats): the dQ accumulator's rows that the delta
+    # pass leaves unzeroed would show in dq.
+    buffers = operands + grads + [torch.full((max(workspace, 1),), 255, dtype=torch.uint8,
+                                             device=DEVICE)]
     descriptor = _xla_legacy.encode("flash_bwd_v3", _xla_legacy.present_mask(*operands),
                                     **fields)
     torch.cuda.synchronize()  # the legacy stream (null) after torch's work
