@@ -7,9 +7,10 @@
 
 namespace xla_attn {
 
-// D_i = dO_i . O_i (bwd_delta) for 16 rows of one head per block, grid (ceil(total_q /
-// 16), num_heads). Where rows are whole 16-byte chunks (hd % 8 == 0, aligned tensors,
-// hd / 8 a power of two up to 32) each lane takes one chunk of a row, hd / 8 lanes a row,
+// D_i = dO_i . O_i (bwd_delta) for bwd_delta_rows(hd) rows of one head per block (16, or
+// 32 up to d64), grid (ceil(total_q / those rows), num_heads). Where rows are whole
+// 16-byte chunks (hd % 8 == 0, aligned tensors, hd / 8 a power of two up to 32) each lane
+// takes one chunk of a row, hd / 8 lanes a row,
 // every chunk of the block's rows loaded before any sum; else one warp a row, element
 // by element. On the atomic-dQ path the blocks also zero the dQ accumulator, each an
 // equal contiguous share of it (16-byte stores). ncu (H100, d64, 16384 rows x 32 heads):
@@ -22,12 +23,13 @@ __device__ void flash_bwd_delta_sm80(const xla_attn_flash_bwd_params& p) {
   const T* dout = static_cast<const T*>(p.dout) + int64_t(h) * hd;
   const T* out = static_cast<const T*>(p.out) + int64_t(h) * hd;
   float* delta = bwd_delta(p) + int64_t(h) * p.total_q;
-  const int64_t row0 = int64_t(blockIdx.x) * 16;
+  const int rows = sm80::bwd_delta_rows(hd);
+  const int64_t row0 = int64_t(blockIdx.x) * rows;
   const int lanes = hd / 8;  // 16-byte chunks a row
   if (hd % 8 == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0 && aligned_to<T>(p.dout, 16) &&
       aligned_to<T>(p.out, 16)) {
-    // Thread i: chunk i % lanes of row i / lanes + pass x 128 / lanes; 16 rows take up to
-    // 4 passes (d256).
+    // Thread i: chunk i % lanes of row i / lanes + pass x 128 / lanes; a block's rows
+    // take up to 4 passes (d256: 16 rows).
     constexpr int kPasses = 4;
     const int sub = threadIdx.x % lanes, rows_per_pass = sm80::kThreads / lanes;
     uint4 a[kPasses], c[kPasses];
@@ -35,14 +37,14 @@ __device__ void flash_bwd_delta_sm80(const xla_attn_flash_bwd_params& p) {
 #pragma unroll
     for (int ps = 0; ps < kPasses; ++ps) {
       const int r = threadIdx.x / lanes + ps * rows_per_pass;
-      ok[ps] = r < 16 && row0 + r < p.total_q;
+      ok[ps] = r < rows && row0 + r < p.total_q;
       const int64_t at = ok[ps] ? (row0 + r) * stride + sub * 8 : 0;
       a[ps] = ok[ps] ? *reinterpret_cast<const uint4*>(dout + at) : make_uint4(0u, 0u, 0u, 0u);
       c[ps] = ok[ps] ? *reinterpret_cast<const uint4*>(out + at) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int ps = 0; ps < kPasses; ++ps) {
-      if (ps * rows_per_pass >= 16) break;  // block-uniform
+      if (ps * rows_per_pass >= rows) break;  // block-uniform
       const T* x = reinterpret_cast<const T*>(&a[ps]);
       const T* y = reinterpret_cast<const T*>(&c[ps]);
       float sum = 0.f;
@@ -53,9 +55,9 @@ __device__ void flash_bwd_delta_sm80(const xla_attn_flash_bwd_params& p) {
       if (sub == 0 && ok[ps]) delta[row] = sum - lse_cotangent(p, h, row);
     }
   } else {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t row = row0 + warp * 4 + r;
+    const int per_warp = rows / sm80::kWarps;
+    for (int r = 0; r < per_warp; ++r) {
+      const int64_t row = row0 + warp * per_warp + r;
       if (row >= p.total_q) break;  // warp-uniform
       const float d = row_delta(dout + row * stride, out + row * stride, hd);
       if (lane == 0) delta[row] = d - lse_cotangent(p, h, row);

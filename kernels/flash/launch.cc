@@ -466,8 +466,9 @@ std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::
   const dispatch::VariantEntry* dkdv_kernel = paired ? paired : &dkdv;
   const size_t dkdv_smem = size_t(paired ? sm80::bwd_paired_smem_bytes(bucket) : smem);
   const unsigned grads_split = !paired && sm80::bwd_split_grads(bucket) ? 2 : 1;
-  if (p.total_q > 0) {  // 16 rows per delta block (its 4 warps x 4 rows)
-    const dim3 grid(unsigned((p.total_q + 15) / 16), p.num_heads);
+  if (p.total_q > 0) {  // sm80::bwd_delta_rows(head_dim) rows a delta block
+    const int rows = sm80::bwd_delta_rows(p.head_dim);
+    const dim3 grid(unsigned((p.total_q + rows - 1) / rows), p.num_heads);
     if (!(error = dispatch::launch(*delta, grid, 0, stream, &p)).empty()) return error;
   }
   const dim3 dkdv_grid(unsigned((std::max(p.max_seqlen_k, 1) + kB - 1) / kB) * grads_split,
