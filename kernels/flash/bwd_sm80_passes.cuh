@@ -7,8 +7,8 @@
 
 namespace xla_attn {
 
-// D_i = dO_i . O_i (bwd_delta) for bwd_delta_rows(hd) rows of one head per block (16, or
-// 32 up to d64), grid (ceil(total_q / those rows), num_heads). Where rows are whole
+// D_i = dO_i . O_i (bwd_delta) for bwd_delta_rows(hd) rows of one head per block (16; 32
+// up to d64, 64 up to d32), grid (ceil(total_q / those rows), num_heads). Where rows are whole
 // 16-byte chunks (hd % 8 == 0, aligned tensors, hd / 8 a power of two up to 32) each lane
 // takes one chunk of a row, hd / 8 lanes a row,
 // every chunk of the block's rows loaded before any sum; else one warp a row, element

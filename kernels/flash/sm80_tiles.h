@@ -131,14 +131,14 @@ XLA_ATTN_HOST_DEVICE constexpr int bwd_smem_bytes(int d) {
 // ceil(cu_q[b] / 16) + b, so its chunks never reach the next sequence's whatever the
 // offsets (bwd_acc_row_chunk); ceil(total_q / 16) + batch row chunks bound them all.
 constexpr int kAccChunkRows = 16, kAccChunkCols = 32, kAccChunk = kAccChunkRows * kAccChunkCols;
-// Rows a delta block (flash_bwd_delta_sm80) takes: 32 up to d64, else 16, so that each of
-// its threads loads at least two 16-byte chunks of dO and two of O where rows are whole
-// chunks from d64 up (d64: two passes of 16 rows). ncu (H200, 16384 rows x 2048, the dQ
-// accumulator zeroed too, caches as left; docs/benchmarks.md 2026-12-03 (61)): 16 rows a
-// block at d64 took 105 us, 32 rows 75, against d128's 69 and cuDNN's dot_do_o 72 for the
-// same 134 MB read and 137 MB written. d32 on 32 rows (one pass of 32) took 111.
+// Rows a delta block (flash_bwd_delta_sm80) takes: 16 from d65 on, 32 up to d64, 64 up to
+// d32, so that each of its threads loads two 16-byte chunks of dO and two of O where rows
+// are whole chunks (two passes at d64 / d32, as at d128). ncu (H200, 16384 rows x 2048,
+// the dQ accumulator zeroed too, caches as left; docs/benchmarks.md 2026-12-03 (61)): d64
+// on 16 rows a block 105 us, on 32 rows 75, against d128's 69 and cuDNN's dot_do_o 72 for
+// the same 134 MB read and 137 MB written; d32 on 32 rows (one pass) 111, on 64 rows 89.
 XLA_ATTN_HOST_DEVICE constexpr int bwd_delta_rows(int head_dim) {
-  return head_dim <= 64 ? 32 : 16;
+  return head_dim <= 32 ? 64 : head_dim <= 64 ? 32 : 16;
 }
 XLA_ATTN_HOST_DEVICE constexpr int64_t bwd_delta_floats(int64_t total_q, int num_heads) {
   return (total_q * num_heads + 31) / 32 * 32;
