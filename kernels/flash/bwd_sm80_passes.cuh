@@ -11,8 +11,9 @@ namespace xla_attn {
 // up to d64, 64 up to d32), grid (ceil(total_q / those rows), num_heads). Where rows are
 // whole 16-byte chunks (hd % 8 == 0, aligned tensors, hd / 8 a power of two up to 32) each
 // lane takes one chunk of a row, hd / 8 lanes a row, every chunk of the block's rows loaded
-// before any sum; else one warp a row, element by element. On the atomic-dQ path the blocks also zero the dQ accumulator, each an
-// equal contiguous share of it (16-byte stores). ncu (H100, d64, 16384 rows x 32 heads):
+// before any sum; else one warp a row, element by element. On the atomic-dQ path the
+// blocks also zero the dQ accumulator, each an equal contiguous share of it (16-byte
+// stores). ncu (H100, d64, 16384 rows x 32 heads):
 // with a warp a row, 2-byte loads and the rows in turn, the kernel took 194.6 us (FA2's
 // dot_do_o 96-98); d128 101 us (FA2 93).
 template <typename T>
