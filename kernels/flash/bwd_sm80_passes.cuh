@@ -76,36 +76,42 @@ __device__ void flash_bwd_delta_sm80(const xla_attn_flash_bwd_params& p) {
 }
 
 // dq = softmax_scale * the f32 accumulator, rounded to T (atomic-dQ path). Grid
-// (ceil(max_seqlen_q / 16), num_heads, batch + 1 padding block): a block's 4 warps
-// load the column chunks of its 16 rows (each lane the elements it added as an mma
-// accumulator), all of them before any store; the rounded rows meet in shared memory
-// and leave as 16-byte chunks of whole rows. The padding block zeroes dq's rows past
-// the last sequence, as the dq kernel's. ncu (H100, 16384 rows x 2048): writing each
-// lane's pairs straight to dq (4-byte stores, 8 rows x 16 bytes a warp store, a chunk's
-// loads behind the previous chunk's stores) took 178-188 us at d64..d256, FA2's
-// convert_dq 72-78.
+// (ceil(max_seqlen_q / (16 R)), num_heads, batch + 1 padding block), R =
+// bwd_convert_row_chunks(hd) row chunks of 16 rows a block: its 4 warps take the
+// block's (row chunk, column chunk) pairs in turn, each lane loading the elements it
+// added as an mma accumulator, all of them before any store; the rounded rows meet in
+// shared memory and leave as 16-byte chunks of whole rows. The padding block zeroes
+// dq's rows past the last sequence, as the dq kernel's. ncu (H100, 16384 rows x 2048):
+// writing each lane's pairs straight to dq (4-byte stores, 8 rows x 16 bytes a warp
+// store, a chunk's loads behind the previous chunk's stores) took 178-188 us at
+// d64..d256, FA2's convert_dq 72-78.
 template <typename T>
 __device__ void flash_bwd_dq_convert_sm80(const xla_attn_flash_bwd_params& p) {
   using namespace sm80;
   const int h = blockIdx.y, b = blockIdx.z, hd = p.head_dim;
   if (dq_padding_block<T>(p)) return;
   const Sequence s = bwd_sequence(p, b);
-  const int m0 = blockIdx.x * kAccChunkRows;
+  const int row_chunks = bwd_convert_row_chunks(hd), col_chunks = bwd_acc_col_chunks(hd);
+  const int m0 = blockIdx.x * row_chunks * kAccChunkRows;
   if (m0 >= s.num_q) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int col_chunks = bwd_acc_col_chunks(hd);
-  const float* chunks = bwd_dq_accum_rows(p, h, s, b, blockIdx.x);
-  // Rows of up to 256 columns plus 8 (16 bytes): a lane quad's 32-bit stores of rows g
-  // then fall in distinct banks (row stride 132 words: 4 g + t), and rows stay 16-byte
-  // aligned for the chunk reads.
-  constexpr int kMaxCols = 256, kRowElems = kMaxCols + 8, kPerWarp = kMaxCols / 32 / kWarps;
-  __shared__ __align__(16) T tile[kAccChunkRows * kRowElems];
-  float x[kPerWarp][4][4];  // the lane's 4 floats of n8 tile j of chunk warp + 4 u
+  const float* chunks = bwd_dq_accum_rows(p, h, s, b, blockIdx.x * row_chunks);
+  // Rows of the block's columns plus 8 (16 bytes): a row is 16 col_chunks + 4 words, so a
+  // lane quad's 32-bit stores of rows g fall in distinct banks (4 g + t, or 20 g + t mod
+  // 32 for odd col_chunks), and rows stay 16-byte aligned for the chunk reads. The
+  // largest tile is d256's, 16 rows x 264 (bwd_convert_tile_fits).
+  constexpr int kMaxCols = 256, kTileElems = kAccChunkRows * (kMaxCols + 8);
+  constexpr int kPerWarp = kMaxCols / kAccChunkCols / kWarps;  // pairs a warp: 8 at most
+  const int row_elems = col_chunks * kAccChunkCols + 8;
+  const int pairs = row_chunks * col_chunks;
+  __shared__ __align__(16) T tile[kTileElems];
+  float x[kPerWarp][4][4];  // the lane's 4 floats of n8 tile j of pair warp + 4 u
 #pragma unroll
   for (int u = 0; u < kPerWarp; ++u) {
-    const int c = warp + u * kWarps;
-    if (c >= col_chunks) continue;  // warp-uniform
-    const float* src = chunks + c * kAccChunk;
+    const int pair = warp + u * kWarps, rc = pair / col_chunks;
+    // warp-uniform; a row chunk past the sequence's rows is not its own (the next one's)
+    if (pair >= pairs || m0 + rc * kAccChunkRows >= s.num_q) continue;
+    const float* src = chunks + pair * kAccChunk;  // chunks go [row chunk][column chunk]
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
 #if __CUDA_ARCH__ >= 900
@@ -120,27 +126,28 @@ __device__ void flash_bwd_dq_convert_sm80(const xla_attn_flash_bwd_params& p) {
   const float f = p.softmax_scale;
 #pragma unroll
   for (int u = 0; u < kPerWarp; ++u) {
-    const int c = warp + u * kWarps;
-    if (c >= col_chunks) continue;
+    const int pair = warp + u * kWarps, rc = pair / col_chunks, c = pair % col_chunks;
+    if (pair >= pairs || m0 + rc * kAccChunkRows >= s.num_q) continue;
+    T* rows = tile + rc * kAccChunkRows * row_elems;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int col = c * kAccChunkCols + 8 * j + 2 * t;
-        *reinterpret_cast<uint32_t*>(tile + (g + 8 * hf) * kRowElems + col) =
+        *reinterpret_cast<uint32_t*>(rows + (g + 8 * hf) * row_elems + col) =
             pack2<T>(x[u][j][2 * hf] * f, x[u][j][2 * hf + 1] * f);
       }
     }
   }
   __syncthreads();
-  const int rows = min(kAccChunkRows, s.num_q - m0);
+  const int rows = min(row_chunks * kAccChunkRows, s.num_q - m0);
   const int64_t stride = int64_t(p.num_heads) * hd;
   T* dq = static_cast<T*>(p.dq) + (s.q_start + m0) * stride + int64_t(h) * hd;
   const bool vec = hd % 8 == 0 && aligned_to<T>(p.dq, 16);
   const int per_row = (hd + 7) / 8;  // 16-byte chunks of a row (the last may be short)
   for (int i = threadIdx.x; i < rows * per_row; i += kThreads) {
     const int r = i / per_row, k = i % per_row;
-    store_chunk(dq + r * stride, *reinterpret_cast<const uint4*>(tile + r * kRowElems + 8 * k),
+    store_chunk(dq + r * stride, *reinterpret_cast<const uint4*>(tile + r * row_elems + 8 * k),
                 8 * k, hd, vec);
   }
 }

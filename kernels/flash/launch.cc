@@ -477,8 +477,10 @@ std::string launch_bwd_sm80(const xla_attn_flash_bwd_params& p, const dispatch::
     error = dispatch::launch(*dkdv_kernel, dkdv_grid, dkdv_smem, stream, &p);
   }
   if (!error.empty()) return error;
-  // dq from the accumulator: a block per 16 rows (sm80::kAccChunkRows); else the dq kernel.
-  const int rows = atomic_dq ? sm80::kAccChunkRows : kB;
+  // dq from the accumulator: a block per sm80::bwd_convert_row_chunks(head_dim) chunks of
+  // 16 rows; else the dq kernel.
+  const int rows =
+      atomic_dq ? sm80::kAccChunkRows * sm80::bwd_convert_row_chunks(p.head_dim) : kB;
   const dim3 dq_grid((std::max(p.max_seqlen_q, 1) + rows - 1) / rows, p.num_heads, p.batch + 1);
   return dispatch::launch(*dq, dq_grid, atomic_dq ? 0 : smem, stream, &p);
 }

@@ -149,6 +149,27 @@ XLA_ATTN_HOST_DEVICE constexpr int64_t bwd_acc_row_chunks(int64_t total_q, int b
 XLA_ATTN_HOST_DEVICE constexpr int bwd_acc_col_chunks(int head_dim) {
   return (head_dim + kAccChunkCols - 1) / kAccChunkCols;
 }
+// Row chunks a dq-convert block (flash_bwd_dq_convert_sm80) takes: as many as its 4
+// warps have a column chunk each of (4 up to d32, 2 up to d64, else 1; d256's 8 column
+// chunks take two a warp). With one row chunk a block, d64's blocks kept two warps idle
+// and there were twice d128's blocks for half the bytes each. ncu (H200, 16384 rows x
+// 2048, caches as left; docs/benchmarks.md 2026-12-03 (61)): d64 59 us, d128 50, cuDNN's
+// convert 57, for the same 134 MB read and 67 MB written.
+XLA_ATTN_HOST_DEVICE constexpr int bwd_convert_row_chunks(int head_dim) {
+  return bwd_acc_col_chunks(head_dim) >= kWarps ? 1 : kWarps / bwd_acc_col_chunks(head_dim);
+}
+// Every head dim's convert tile (row chunks x 16 rows of its columns + 8) fits d256's
+// 16 x 264, the kernel's static shared tile.
+XLA_ATTN_HOST_DEVICE constexpr bool bwd_convert_tile_fits() {
+  for (int d = 1; d <= 256; ++d) {
+    const int rows = bwd_convert_row_chunks(d) * kAccChunkRows;
+    if (rows * (bwd_acc_col_chunks(d) * kAccChunkCols + 8) > kAccChunkRows * (256 + 8)) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(bwd_convert_tile_fits(), "a dq-convert tile outgrows the shared tile");
 XLA_ATTN_HOST_DEVICE constexpr int64_t bwd_acc_row_chunk(int64_t q_start, int b) {
   return (q_start + kAccChunkRows - 1) / kAccChunkRows + b;
 }
