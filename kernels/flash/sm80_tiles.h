@@ -153,8 +153,8 @@ XLA_ATTN_HOST_DEVICE constexpr int bwd_acc_col_chunks(int head_dim) {
 // warps have a column chunk each of (4 up to d32, 2 up to d64, else 1; d256's 8 column
 // chunks take two a warp). With one row chunk a block, d64's blocks kept two warps idle
 // and there were twice d128's blocks for half the bytes each. ncu (H200, 16384 rows x
-// 2048, caches as left; docs/benchmarks.md 2026-12-03 (61)): d64 59 us, d128 50, cuDNN's
-// convert 57, for the same 134 MB read and 67 MB written.
+// 2048, caches as left, the same ~134 MB read and ~72 MB written; docs/benchmarks.md
+// 2026-12-03 (62)): d64 60.5 -> 56.1 us, d32 87.6 -> 54.6, d128 53 (cuDNN's 57, (61)).
 XLA_ATTN_HOST_DEVICE constexpr int bwd_convert_row_chunks(int head_dim) {
   return bwd_acc_col_chunks(head_dim) >= kWarps ? 1 : kWarps / bwd_acc_col_chunks(head_dim);
 }
