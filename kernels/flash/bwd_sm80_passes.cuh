@@ -101,7 +101,7 @@ __device__ void flash_bwd_dq_convert_sm80(const xla_attn_flash_bwd_params& p) {
   // 32 for odd col_chunks), and rows stay 16-byte aligned for the chunk reads. The
   // largest tile is d256's, 16 rows x 264 (bwd_convert_tile_fits).
   constexpr int kMaxCols = 256, kTileElems = kAccChunkRows * (kMaxCols + 8);
-  constexpr int kPerWarp = kMaxCols / kAccChunkCols / kWarps;  // pairs a warp: 8 at most
+  constexpr int kPerWarp = kMaxCols / kAccChunkCols / kWarps;  // pairs a warp (d256: 8 / 4)
   const int row_elems = col_chunks * kAccChunkCols + 8;
   const int pairs = row_chunks * col_chunks;
   __shared__ __align__(16) T tile[kTileElems];
