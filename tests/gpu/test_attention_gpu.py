@@ -666,6 +666,13 @@ def test_flash_backward_deterministic(family, gpu_device, rng, mk, head_dim, fea
     assert np.all(np.asarray(first[0], np.float64)[cu_q[-1]:] == 0)
 
 
+def _assert_grads_close(got, exp, dtype):
+    """(dq, dk, dv) each within BOUNDS[dtype] of the float64 reference."""
+    for name, g, e in zip(("dq", "dk", "dv"), got, exp):
+        err = ref.rel_error(g, e)
+        assert err < ref.BOUNDS[dtype], f"{name}: {err:.3g}"
+
+
 def _check_backward(device, rng, mk, dtype, head_dim, feature, lens_q, lens_k, heads, heads_k):
     q, k, v, cu_q, cu_k = mk.varlen_inputs(rng, dtype, lens_q, lens_k, heads=heads,
                                            heads_k=heads_k, head_dim=head_dim, pad_q=2, pad_k=3)
@@ -680,9 +687,7 @@ def _check_backward(device, rng, mk, dtype, head_dim, feature, lens_q, lens_k, h
         return jax.vjp(f, q, k, v)[1](do)
 
     got = jax.jit(grads)(*_on(device, q, k, v, cu_q, cu_k, dout))
-    for name, g, e in zip(("dq", "dk", "dv"), got, exp):
-        err = ref.rel_error(g, e)
-        assert err < ref.BOUNDS[dtype], f"{name}: {err:.3g}"
+    _assert_grads_close(got, exp, dtype)
     # Padding rows of dq and keys outside every sequence: exactly zero.
     assert np.all(np.asarray(got[0], np.float64)[cu_q[-1]:] == 0)
     assert np.all(np.asarray(got[1], np.float64)[cu_k[-1]:] == 0)
@@ -697,9 +702,9 @@ def test_flash_dense(family, gpu_device, rng, mk, shape, head_dim, feature):
     """The dense layout (B, S, H, D), which the varlen kernels take as sequences of S
     rows (the offsets 0, S, 2S, ...; jax.py, _dense_cu): forward, lse and gradients
     against the float64 reference; partial last tiles, Sq != Sk, GQA, per-sequence
-    ALiBi. The outputs are XLA's buffers, which this
-    test cannot fill: a first call on NaN inputs of the same shapes leaves NaN in the
-    buffers its allocator hands the second call, so that rows a kernel skips show."""
+    ALiBi. The outputs are XLA's buffers, which this test cannot fill: a first call on
+    NaN inputs of the same shapes leaves NaN in the buffers its allocator hands the
+    second call, so that rows a kernel skips show."""
     b, sq, sk = shape
     dtype, heads, heads_k = "bfloat16", 4, 2
     q = mk.random_array(rng, (b, sq, heads, head_dim), dtype)
@@ -724,9 +729,7 @@ def test_flash_dense(family, gpu_device, rng, mk, shape, head_dim, feature):
     heads_major = lambda x: np.asarray(x).transpose(1, 0, 2).reshape(heads, b * sq)  # noqa: E731
     ref.assert_attention_close(flat(out), flat(want), dtype, heads_major(lse),
                                heads_major(want_lse))
-    for name, g, e in zip(("dq", "dk", "dv"), grads, want_grads):
-        err = ref.rel_error(g, e)
-        assert err < ref.BOUNDS[dtype], f"{name}: {err:.3g}"
+    _assert_grads_close(grads, want_grads, dtype)
 
 
 @pytest.mark.parametrize("feature", ["plain", "causal", "window", "causal_window_softcap",
