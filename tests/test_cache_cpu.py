@@ -145,6 +145,55 @@ def test_fp8_key_and_value_scales_differ(rng, mk):
     assert not np.array_equal(kc.view(np.uint8), vc.view(np.uint8))
 
 
+def _quotients_at_fp8_midpoints(fmt, scale):
+    """float32 sources x whose x / scale is exactly the midpoint of two neighbouring
+    `fmt` values while x * RN(1 / scale) is one ulp off it: there division and
+    multiplication by the reciprocal encode differently (round-half-even against the
+    nearer neighbour)."""
+    codes = np.arange(256, dtype=np.uint8).view(fmt).astype(np.float32)
+    vals = np.unique(codes[np.isfinite(codes) & (codes > 0)])
+    mids = ((vals[:-1].astype(np.float64) + vals[1:]) / 2).astype(np.float32)
+    x = (mids * scale).astype(np.float32)
+    quotient = (x / scale).astype(np.float32)
+    by_reciprocal = (x * (np.float32(1) / scale)).astype(np.float32)
+    differ = (quotient == mids) & (quotient.astype(fmt).view(np.uint8) !=
+                                   by_reciprocal.astype(fmt).view(np.uint8))
+    return x[differ]
+
+
+@pytest.mark.parametrize("storage", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_quantizes_by_division_not_the_reciprocal(rng, mk, storage):
+    """x / scale, rounded as IEEE single division (vLLM's formula), at the inputs where
+    x * (1 / scale) would encode one fp8 step away; the CUDA kernel's reciprocal with
+    its residual step (cache/write_portable.cuh) must match these bit for bit too."""
+    scale = np.float32(15.25)  # 61-63 of the formats' ~125 midpoints tell them apart
+    fmt = ref.FP8_DTYPES[storage]
+    x = _quotients_at_fp8_midpoints(fmt, scale)
+    assert len(x) >= 40, len(x)
+    case = make_case(rng, mk, "float32", storage, num_tokens=8, heads_k=2, head_dim=8,
+                     specials=False)
+    case["slot_mapping"] = rng.permutation(80)[:8].astype(np.int32)
+    for name in ("key", "value"):
+        flat = np.resize(np.concatenate([x, -x]), case[name].size).astype(np.float32)
+        case[name] = rng.permutation(flat).reshape(case[name].shape)
+    kc, _ = check(case, kv_cache_dtype="auto", k_scale=mk.f32(scale), v_scale=mk.f32(scale))
+    rows = kc.reshape(-1, 2, 8)[case["slot_mapping"]]
+    by_reciprocal = (case["key"] * (np.float32(1) / scale)).astype(np.float32).astype(fmt)
+    assert np.sum(rows.view(np.uint8) != by_reciprocal.view(np.uint8)) >= 40
+
+
+def test_duplicate_slots_take_the_later_token_on_host(rng, mk):
+    """Two tokens for one slot: the Host writes the later one's rows (a GPU writes them
+    concurrently, so there the row is unspecified: docs/xla-targets.md)."""
+    case = make_case(rng, mk, "bfloat16", None, num_tokens=6, specials=False)
+    case["slot_mapping"] = np.array([9, 3, 9, -1, 3, 9], np.int32)
+    kc, vc = check(case)
+    for got, new in ((kc, case["key"]), (vc, case["value"])):
+        rows = got.reshape(-1, *new.shape[1:])
+        ref.assert_bits_equal(rows[9], new[5])
+        ref.assert_bits_equal(rows[3], new[4])
+
+
 def test_all_padding_changes_nothing(rng, mk):
     case = make_case(rng, mk, "float16", None, num_tokens=5, specials=False)
     case["slot_mapping"] = np.full(5, -1, np.int32)

@@ -663,7 +663,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     """Scatter `key`/`value` `(num_tokens, Hk, D)` into the paged caches at
     `slot_mapping` (slot -1 skipped); fp8 formats quantize as `x / scale`. Returns the
     updated `(key_cache, value_cache)`, aliased onto the inputs: under `jax.jit` with
-    the caches donated the update happens in place.
+    the caches donated the update happens in place. Each slot should appear once: on a
+    GPU, tokens that share a slot are written concurrently (docs/xla-targets.md).
 
     Sharded under `jax.jit`: runs per shard, in place, when the caches' kv heads are
     split (key and value follow the caches).

@@ -691,7 +691,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
                             kv_cache_dtype="auto", k_scale=None, v_scale=None):
     """Scatter `key`/`value` `(num_tokens, Hk, D)` into the paged caches at
     `slot_mapping` (slot -1 skipped) in place, as vLLM's op does; fp8 formats
-    quantize as `x / scale`. Returns None."""
+    quantize as `x / scale`. Returns None. Each slot should appear once: on a GPU,
+    tokens that share a slot are written concurrently (docs/xla-targets.md)."""
     tensors = (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
     sig, plan = _planned("reshape_and_cache_flash", tensors, (kv_cache_dtype,),
                          differentiable=(key_cache, value_cache))
