@@ -119,6 +119,37 @@ def test_host_offsets_bound_by_seqused_k():
         assert np.isfinite(np.asarray(xla_attn.flash_attn_varlen(**args))).all()
 
 
+DEVICE_HINT_CASES = [
+    ("queries", dict(max_seqlen_q=5), False,
+     "flash_fwd: sequence 1 has 6 queries (cu_seqlens_q), more than max_seqlen_q = 5: a GPU "
+     "computes no row past it"),
+    ("keys seen", dict(seqused_k=jnp.array([5, 7], jnp.int32), max_seqlen_k=6), False,
+     "flash_fwd: sequence 1 has 7 keys (cu_seqlens_k / seqused_k), more than max_seqlen_k = 6: "
+     "a GPU computes no key past it"),
+    ("backward's key spans", dict(seqused_k=jnp.array([5, 6], jnp.int32), max_seqlen_k=6), True,
+     "flash_bwd: sequence 1 has 7 keys (cu_seqlens_k), more than max_seqlen_k = 6: a GPU "
+     "computes no key past it"),
+]
+
+
+@pytest.mark.parametrize("case", DEVICE_HINT_CASES, ids=[c[0] for c in DEVICE_HINT_CASES])
+def test_device_offsets_past_max_seqlen_refused_on_host(case):
+    """Offsets on the device are not read back at trace time; the Host handler reads them
+    when it runs and refuses a sequence longer than its max_seqlen (a GPU would leave
+    its rows past the hint unwritten), naming the sequence. The process keeps working."""
+    _, override, backward, message = case
+    args = _valid(np.random.default_rng(5)) | override
+    if backward:  # the forward alone is fine: it sees only seqused_k's keys
+        xla_attn.flash_attn_varlen(**args).block_until_ready()
+        loss = lambda q: xla_attn.flash_attn_varlen(**(args | dict(q=q))).sum()
+        call = lambda: jax.grad(loss)(args["q"]).block_until_ready()
+    else:
+        call = lambda: xla_attn.flash_attn_varlen(**args).block_until_ready()
+    with pytest.raises(Exception, match=re.escape(message)):
+        call()
+    assert np.isfinite(np.asarray(xla_attn.flash_attn_varlen(**_valid(np.random.default_rng(5))))).all()
+
+
 def test_numpy_scalars_are_taken_as_static_arguments():
     """Static arguments given as numpy scalars (np.int32 from `lens.max()`, np.float32,
     np.bool_) give what the Python values give; an array (jax or numpy) in their place

@@ -90,6 +90,24 @@ std::vector<Sequence> flash_sequences(const int32_t* cu_seqlens_q, const int32_t
   return seqs;
 }
 
+std::string check_length_hints(const char* op, const std::vector<Sequence>& seqs,
+                               int64_t max_seqlen_q, int64_t max_seqlen_k,
+                               const std::vector<int64_t>* key_spans) {
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int64_t keys = key_spans ? (*key_spans)[b] : seqs[b].num_k;
+    const char* key_source = key_spans ? "cu_seqlens_k" : "cu_seqlens_k / seqused_k";
+    if (seqs[b].num_q > max_seqlen_q)
+      return std::string(op) + ": sequence " + std::to_string(b) + " has " +
+             std::to_string(seqs[b].num_q) + " queries (cu_seqlens_q), more than max_seqlen_q = " +
+             std::to_string(max_seqlen_q) + ": a GPU computes no row past it";
+    if (keys > max_seqlen_k)
+      return std::string(op) + ": sequence " + std::to_string(b) + " has " + std::to_string(keys) +
+             " keys (" + key_source + "), more than max_seqlen_k = " +
+             std::to_string(max_seqlen_k) + ": a GPU computes no key past it";
+  }
+  return "";
+}
+
 // ---- Scores ----
 
 void Attention::scores(const Sequence& seq, int64_t i, int64_t h, const double* q_row,

@@ -88,6 +88,15 @@ std::vector<Sequence> flash_sequences(const int32_t* cu_seqlens_q, const int32_t
                                       int64_t total_k, const Paging& paging,
                                       const float* alibi_slopes, int64_t alibi_batch_stride);
 
+// The GPU kernels size their grids by max_seqlen_q / max_seqlen_k and compute no query
+// row or key past them. The Host reads the lengths, so a sequence longer than its hint
+// is an error here (naming the sequence) rather than a result no GPU gives. `key_spans`
+// (the backward: every cu_seqlens_k row owns a gradient row) are checked instead of the
+// keys seen, when given.
+std::string check_length_hints(const char* op, const std::vector<Sequence>& seqs,
+                               int64_t max_seqlen_q, int64_t max_seqlen_k,
+                               const std::vector<int64_t>* key_spans = nullptr);
+
 struct ScoreOptions {
   double scale = 1.0;         // multiplies q . k
   double softcap = 0.0;       // > 0: s = softcap * tanh(s / softcap)

@@ -51,6 +51,8 @@ std::string flash_fwd(const xla_attn_flash_fwd_params& p) {
   const std::vector<Sequence> seqs =
       flash_sequences(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, batch, p.total_q, p.total_k,
                       paging, p.alibi_slopes, p.alibi_batch_stride);
+  const std::string hints = check_length_hints("flash_fwd", seqs, p.max_seqlen_q, p.max_seqlen_k);
+  if (!hints.empty()) return hints;
   attention_forward(a, seqs, p.total_q, p.out, p.out_dtype, p.softmax_lse);
   return "";
 }

@@ -545,9 +545,10 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, ma
     (bf16 for fp8 q) and, if asked, softmax_lse `(H, total_q)` float32.
     max_seqlen_q / max_seqlen_k (default total_q / total_k) bound every sequence's query
     and key count, as in flash-attn: they size the GPU launch, so rows and keys past them
-    are not computed there (the Host computes every row). Offsets given as numpy arrays
-    (built on the host, or closed over under jit) are checked against them, and for order,
-    when the call is traced; device arrays are not read back to check.
+    are not computed there (the Host refuses such a call when it runs, naming the
+    sequence; for the backward every cu_seqlens_k span counts, seqused_k or not). Offsets
+    given as numpy arrays (built on the host, or closed over under jit) are checked against
+    them, and for order, when the call is traced; device arrays are not read back to check.
     Differentiable in q, k, v when not paged and not fp8, through out and softmax_lse
     alike (one backward call either way). The backward adds dq up with
     float atomics (its last bits may vary from run to run, as flash-attn's);
