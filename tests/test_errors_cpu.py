@@ -60,6 +60,13 @@ FLASH_CASES = [
     ("window", dict(window_size=(-2, 0)), ValueError,
      "flash_attn_varlen: window_size must be a pair of ints >= -1 (-1 = unbounded), got (-2, 0)"),
     ("softcap", dict(softcap=-1.0), ValueError, "flash_attn_varlen: softcap must be >= 0.0, got -1.0"),
+    ("no offsets", dict(cu_seqlens_q=jnp.zeros((0,), jnp.int32),
+                        cu_seqlens_k=jnp.zeros((0,), jnp.int32)), ValueError,
+     "flash_attn_varlen: cu_seqlens_q must have at least one entry (batch + 1 >= 1)"),
+    ("softmax_scale nan", dict(softmax_scale=float("nan")), ValueError,
+     "flash_attn_varlen: softmax_scale must be finite, got nan"),
+    ("softcap inf", dict(softcap=float("inf")), ValueError,
+     "flash_attn_varlen: softcap must be finite, got inf"),
     ("alibi shape", dict(alibi_slopes=jnp.ones((3,), jnp.float32)), ValueError,
      "flash_attn_varlen: alibi_slopes must have shape (num_heads,) = (4,) or (batch, num_heads)"
      " = (2, 4), got (3,)"),
@@ -168,6 +175,21 @@ def test_numpy_scalars_are_taken_as_static_arguments():
     assert str(info.value).startswith("flash_attn_varlen: softmax_scale must be a float, got ")
 
 
+DENSE_CASES = [
+    ("k batch", (3, 8), (3, 8), "flash_attn: k's batch (3) must equal q's (2)"),
+    ("v shape", (2, 8), (2, 9), "flash_attn: v must have k's shape (2, 8, 2, 32), got (2, 9, 2, 32)"),
+]
+
+
+@pytest.mark.parametrize("case", DENSE_CASES, ids=[c[0] for c in DENSE_CASES])
+def test_dense_bad_shapes(case):
+    _, k_rows, v_rows, message = case
+    q = jnp.ones((2, 8, 4, 32), jnp.float32)
+    with pytest.raises(ValueError) as info:
+        xla_attn.flash_attn(q, jnp.ones((*k_rows, 2, 32)), jnp.ones((*v_rows, 2, 32)))
+    assert str(info.value) == message
+
+
 def test_dense_rows_past_int32_offsets():
     # shapes alone (jax.eval_shape): 2**16 sequences of 2**15 tokens would need int32
     # sequence offsets past 2**31
@@ -205,6 +227,17 @@ CACHE_CASES = [
      "(2, 32)"),
     ("scale shape", dict(k_scale=jnp.ones((2,), jnp.float32)), ValueError,
      "reshape_and_cache_flash: k_scale must have shape () or (1,), got (2,)"),
+    ("value shape", dict(value=jnp.ones((3, 2, 16), jnp.bfloat16)), ValueError,
+     "reshape_and_cache_flash: value must have key's shape (3, 2, 32), got (3, 2, 16)"),
+    ("value dtype", dict(value=jnp.ones((3, 2, 32), jnp.float16)), TypeError,
+     "reshape_and_cache_flash: value must have key's dtype bfloat16, got float16"),
+    ("value_cache dtype", dict(value_cache=jnp.ones((4, 16, 2, 32), jnp.float16)), TypeError,
+     "reshape_and_cache_flash: value_cache must have key_cache's dtype bfloat16, got float16"),
+    ("value_cache shape", dict(value_cache=jnp.ones((5, 16, 2, 32), jnp.bfloat16)), ValueError,
+     "reshape_and_cache_flash: value_cache must have key_cache's shape (4, 16, 2, 32), got "
+     "(5, 16, 2, 32)"),
+    ("scale a Python float", dict(k_scale=0.5), TypeError,
+     "reshape_and_cache_flash: k_scale must be a float32 array of shape () or (1,), got float"),
     ("block_size 0", dict(key_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16),
                           value_cache=jnp.ones((4, 0, 2, 32), jnp.bfloat16)), ValueError,
      "reshape_and_cache_flash: key_cache's block_size must be >= 1, got 0"),
@@ -223,6 +256,17 @@ def test_cache_bad_input(case):
 
 
 PAGED_CASES = [
+    ("value_cache dtype", dict(value_cache=jnp.ones((4, 16, 2, 32), jnp.float16)), TypeError,
+     "paged_attention: value_cache must have key_cache's dtype bfloat16, got float16"),
+    ("cache head_dim", dict(key_cache=jnp.ones((4, 16, 2, 16), jnp.bfloat16),
+                            value_cache=jnp.ones((4, 16, 2, 16), jnp.bfloat16)), ValueError,
+     "paged_attention: key_cache's head_dim (16) must equal query's (32)"),
+    ("head_dim 0", dict(query=jnp.ones((3, 4, 0), jnp.bfloat16),
+                        key_cache=jnp.ones((4, 16, 2, 0), jnp.bfloat16),
+                        value_cache=jnp.ones((4, 16, 2, 0), jnp.bfloat16)), ValueError,
+     "paged_attention: head_dim must be between 1 and 256, got 0"),
+    ("block_tables rows", dict(block_tables=jnp.array([[0, 1]], jnp.int32)), ValueError,
+     "paged_attention: block_tables must have 2 rows like seq_lens, got 1"),
     ("query_start_loc", dict(query_start_loc=jnp.array([0, 3], jnp.int32)), ValueError,
      "paged_attention: query_start_loc must have shape (num_seqs + 1,) = (3,), got (2,)"),
     ("sliding_window", dict(sliding_window=0), ValueError,

@@ -7,6 +7,7 @@ same cases on CUDA tensors."""
 
 import contextlib
 import ctypes
+import re
 
 import ml_dtypes
 import numpy as np
@@ -622,6 +623,15 @@ def test_segment_ids_pack_documents(rng, mk):
         xt.flash_attn(tt(q), tt(k), tt(v), q_segment_ids=tt(seg), kv_segment_ids=tt(seg[:, ::-1]))
     with pytest.raises(ValueError, match="given together"):
         xt.flash_attn(tt(q), tt(k), tt(v), q_segment_ids=tt(seg))
+    with pytest.raises(ValueError, match=re.escape(
+            "q_segment_ids must have shape (batch, seqlen_q) = (2, 8), got (2, 7)")):
+        xt.flash_attn(tt(q), tt(k), tt(v), q_segment_ids=tt(seg[:, :7]), kv_segment_ids=tt(seg))
+    with pytest.raises(ValueError, match=re.escape(
+            "kv_segment_ids must have shape (batch, seqlen_k) = (2, 8), got (1, 8)")):
+        xt.flash_attn(tt(q), tt(k), tt(v), q_segment_ids=tt(seg), kv_segment_ids=tt(seg[:1]))
+    with pytest.raises(ValueError, match="appears in more than one run"):
+        split = np.asarray([[7, 7, 2, 2, 7, 7, 2, 2]] * 2, np.int32)
+        xt.flash_attn(tt(q), tt(k), tt(v), q_segment_ids=tt(split), kv_segment_ids=tt(split))
 
 
 # ------------------------------------------------------------------ eager calls past the dispatcher
