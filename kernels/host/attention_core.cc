@@ -72,7 +72,7 @@ std::vector<Sequence> flash_sequences(const int32_t* cu_seqlens_q, const int32_t
       // Keys are rows [k_start, k_end) of K/V; seqused_k may only shorten that.
       int64_t k_start, k_end;
       clamp_range(cu_seqlens_k, b, total_k, &k_start, &k_end);
-      s.num_k = k_end - k_start;
+      s.num_k = s.num_k_rows = k_end - k_start;
       if (seqused_k != nullptr) s.num_k = std::clamp<int64_t>(seqused_k[b], 0, s.num_k);
       s.keys.first_row = k_start;
     } else {
@@ -82,7 +82,7 @@ std::vector<Sequence> flash_sequences(const int32_t* cu_seqlens_q, const int32_t
       s.num_k = seqused_k != nullptr
                     ? int64_t{seqused_k[b]}
                     : int64_t{cu_seqlens_k[b + 1]} - int64_t{cu_seqlens_k[b]};
-      s.num_k = std::clamp<int64_t>(s.num_k, 0, paging.capacity());
+      s.num_k = s.num_k_rows = std::clamp<int64_t>(s.num_k, 0, paging.capacity());
       s.keys = paging.keys_of(b);
     }
     if (alibi_slopes != nullptr) s.alibi_slopes = alibi_slopes + b * alibi_batch_stride;
@@ -91,11 +91,10 @@ std::vector<Sequence> flash_sequences(const int32_t* cu_seqlens_q, const int32_t
 }
 
 std::string check_length_hints(const char* op, const std::vector<Sequence>& seqs,
-                               int64_t max_seqlen_q, int64_t max_seqlen_k,
-                               const std::vector<int64_t>* key_spans) {
+                               int64_t max_seqlen_q, int64_t max_seqlen_k, bool key_rows) {
+  const char* key_source = key_rows ? "cu_seqlens_k" : "cu_seqlens_k / seqused_k";
   for (size_t b = 0; b < seqs.size(); ++b) {
-    const int64_t keys = key_spans ? (*key_spans)[b] : seqs[b].num_k;
-    const char* key_source = key_spans ? "cu_seqlens_k" : "cu_seqlens_k / seqused_k";
+    const int64_t keys = key_rows ? seqs[b].num_k_rows : seqs[b].num_k;
     if (seqs[b].num_q > max_seqlen_q)
       return std::string(op) + ": sequence " + std::to_string(b) + " has " +
              std::to_string(seqs[b].num_q) + " queries (cu_seqlens_q), more than max_seqlen_q = " +

@@ -73,6 +73,7 @@ struct Sequence {
   int64_t q_start = 0;
   int64_t num_q = 0;
   int64_t num_k = 0;
+  int64_t num_k_rows = 0;  // flash: keys that own gradient rows, the cu_seqlens_k span (>= num_k)
   KeyRows keys;
   const float* alibi_slopes = nullptr;  // this sequence's [num_heads] slopes, or null
 };
@@ -90,12 +91,11 @@ std::vector<Sequence> flash_sequences(const int32_t* cu_seqlens_q, const int32_t
 
 // The GPU kernels size their grids by max_seqlen_q / max_seqlen_k and compute no query
 // row or key past them. The Host reads the lengths, so a sequence longer than its hint
-// is an error here (naming the sequence) rather than a result no GPU gives. `key_spans`
-// (the backward: every cu_seqlens_k row owns a gradient row) are checked instead of the
-// keys seen, when given.
+// is an error here (naming the sequence) rather than a result no GPU gives. `key_rows`
+// (the backward: every cu_seqlens_k row owns a gradient row) checks num_k_rows instead
+// of the keys seen.
 std::string check_length_hints(const char* op, const std::vector<Sequence>& seqs,
-                               int64_t max_seqlen_q, int64_t max_seqlen_k,
-                               const std::vector<int64_t>* key_spans = nullptr);
+                               int64_t max_seqlen_q, int64_t max_seqlen_k, bool key_rows = false);
 
 struct ScoreOptions {
   double scale = 1.0;         // multiplies q . k

@@ -49,14 +49,8 @@ std::string flash_bwd(const xla_attn_flash_bwd_params& p) {
   const std::vector<Sequence> seqs =
       flash_sequences(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.batch, p.total_q, p.total_k,
                       Paging{}, p.alibi_slopes, p.alibi_batch_stride);
-  std::vector<int64_t> key_spans(seqs.size());
-  for (size_t b = 0; b < seqs.size(); ++b) {
-    int64_t start, end;
-    clamp_range(p.cu_seqlens_k, int64_t(b), p.total_k, &start, &end);
-    key_spans[b] = end - start;
-  }
   const std::string hints =
-      check_length_hints("flash_bwd", seqs, p.max_seqlen_q, p.max_seqlen_k, &key_spans);
+      check_length_hints("flash_bwd", seqs, p.max_seqlen_q, p.max_seqlen_k, /*key_rows=*/true);
   if (!hints.empty()) return hints;
 
   // Gradients accumulate in double over the whole problem and are stored once at
