@@ -22,7 +22,8 @@ ffi::Error FlashBwd(const char* target, cudaStream_t stream, int platform, ffi::
       .expect(dq->dimensions() == q.dimensions() && dk->dimensions() == k.dimensions() &&
                   dv->dimensions() == v.dimensions(),
               "dq, dk, dv must have the shapes of q, k, v")
-      .expect(rank(cu_seqlens_q) == 1 && cu_seqlens_q.element_count() >= 1 &&
+      .expect(rank(cu_seqlens_q) == 1 && rank(cu_seqlens_k) == 1 &&
+                  cu_seqlens_q.element_count() >= 1 &&
                   cu_seqlens_k.element_count() == cu_seqlens_q.element_count() &&
                   to_dtype(cu_seqlens_q.element_type()) == XLA_ATTN_I32 &&
                   to_dtype(cu_seqlens_k.element_type()) == XLA_ATTN_I32,

@@ -15,9 +15,11 @@ ffi::Error FlashFwd(cudaStream_t stream, int platform, ffi::AnyBuffer q, ffi::An
   Checker c("xla_attn_flash_fwd_v1");
   const bool paged = block_table.element_count() > 0;
   c.expect(rank(q) == 3, "q must be [total_q, num_heads, head_dim]")
-      .expect(rank(k) == (paged ? 4u : 3u) && k.dimensions() == v.dimensions(),
-              paged ? "paged k and v must be [num_blocks, block_size, num_heads_k, head_dim]"
-                    : "k and v must be [total_k, num_heads_k, head_dim]")
+      .expect(rank(k) == (paged ? 4u : 3u) && k.dimensions() == v.dimensions() &&
+                  k.element_type() == v.element_type(),  // the params have one kv_dtype
+              paged ? "paged k and v must be [num_blocks, block_size, num_heads_k, head_dim] "
+                      "of one dtype"
+                    : "k and v must be [total_k, num_heads_k, head_dim] of one dtype")
       .expect(rank(cu_seqlens_q) == 1 && rank(cu_seqlens_k) == 1 &&
                   cu_seqlens_q.element_count() >= 1 &&
                   cu_seqlens_k.element_count() == cu_seqlens_q.element_count(),

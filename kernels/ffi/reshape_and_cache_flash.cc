@@ -34,9 +34,12 @@ ffi::Error CacheWrite(cudaStream_t stream, int platform, ffi::AnyBuffer key, ffi
                   key_cache.element_type() == value_cache.element_type(),
               "key_cache and value_cache must be [num_blocks, block_size, num_heads_k, head_dim] "
               "of one dtype")
+      // the old cache is copied into the results whole when they are not aliased
       .expect(key_cache_out->dimensions() == key_cache.dimensions() &&
-                  value_cache_out->dimensions() == value_cache.dimensions(),
-              "results must have the caches' shapes")
+                  value_cache_out->dimensions() == value_cache.dimensions() &&
+                  key_cache_out->element_type() == key_cache.element_type() &&
+                  value_cache_out->element_type() == value_cache.element_type(),
+              "results must have the caches' shapes and dtype")
       .expect(rank(slot_mapping) == 1, "slot_mapping must be [num_tokens]");
   if (!c.ok()) return to_error(c.error());
   c.expect(dim(slot_mapping, 0) == dim(key, 0), "slot_mapping must have one entry per token")

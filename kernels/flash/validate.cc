@@ -14,6 +14,9 @@ void check_attention_shape(Checker& c, const P& p) {
               "], got ", p.head_dim)
       .expect(p.total_q >= 0 && p.total_k >= 0, "total_q and total_k must be >= 0")
       .expect(p.window_left >= -1 && p.window_right >= -1, "window sizes must be >= -1")
+      // the launch grids are sized by them (a negative one would wrap round)
+      .expect(p.max_seqlen_q >= 0 && p.max_seqlen_k >= 0,
+              "max_seqlen_q and max_seqlen_k must be >= 0")
       .expect(p.softcap >= 0.f, "softcap must be >= 0")
       .expect(p.cu_seqlens_q && p.cu_seqlens_k, "cu_seqlens_q and cu_seqlens_k are required")
       .expect(p.alibi_batch_stride == 0 || p.alibi_batch_stride == p.num_heads,
@@ -26,7 +29,9 @@ std::string validate(const xla_attn_flash_fwd_params& p) {
   Checker c("flash_fwd");
   check_attention_shape(c, p);
   const bool fp8 = is_fp8_dtype(p.q_dtype);
-  c.expect(is_float_dtype(p.q_dtype) || p.q_dtype == XLA_ATTN_F8E4M3,
+  c.expect(p.total_q == 0 || (p.q && p.out), "q and out are required")
+      .expect(p.total_k == 0 || (p.k && p.v), "k and v are required")
+      .expect(is_float_dtype(p.q_dtype) || p.q_dtype == XLA_ATTN_F8E4M3,
            "q dtype must be float32, float16, bfloat16 or float8_e4m3fn")
       .expect(p.kv_dtype == p.q_dtype, "k and v must have q's dtype")
       .expect(fp8 ? p.out_dtype == XLA_ATTN_BF16 : p.out_dtype == p.q_dtype,
@@ -46,7 +51,9 @@ std::string validate(const xla_attn_flash_bwd_params& p) {
   Checker c("flash_bwd");
   check_attention_shape(c, p);
   c.expect(is_float_dtype(p.dtype), "dtype must be float32, float16 or bfloat16")
-      .expect(p.softmax_lse != nullptr || p.total_q == 0, "softmax_lse is required");
+      .expect(p.softmax_lse != nullptr || p.total_q == 0, "softmax_lse is required")
+      .expect(p.total_q == 0 || (p.dout && p.q && p.out && p.dq), "dout, q, out and dq are required")
+      .expect(p.total_k == 0 || (p.k && p.v && p.dk && p.dv), "k, v, dk and dv are required");
   return c.error();
 }
 

@@ -17,7 +17,10 @@ std::string validate(const xla_attn_paged_attention_params& p) {
               "sizes must be non-negative and block_size positive")
       .expect(p.soft_cap >= 0.f, "soft_cap must be >= 0")
       .expect(p.seq_lens && p.block_tables && p.query_start_loc,
-              "seq_lens, block_tables and query_start_loc are required");
+              "seq_lens, block_tables and query_start_loc are required")
+      .expect(p.total_q == 0 || (p.query && p.out), "query and out are required")
+      .expect(p.num_blocks == 0 || (p.key_cache && p.value_cache),
+              "key_cache and value_cache are required");
   return c.error();
 }
 
